@@ -1,0 +1,3 @@
+from ft.cli.app import main
+
+main()
