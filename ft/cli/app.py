@@ -70,9 +70,10 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import env as env_cli
+    from ft.cli import bench, env
 
-    env_cli.register(app)
+    env.register(app)
+    bench.register(app)
 
 
 _register()
