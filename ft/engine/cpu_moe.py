@@ -1,0 +1,311 @@
+"""The CPU MoE executor: a pinned pool of worker threads computing expert FFNs from host weights.
+
+Each worker is a Python thread named `ft-cpu-moe-K` (the OS name too, so probes can find it in
+/proc), pinned to one core, with torch intra-op threads = 1. Python threads scale here because
+torch's matmuls release the GIL (DESIGN.md section 6). At decode batch a layer sends only a few
+experts to the CPU, so work is handed out as row blocks of the intermediate dimension I, not as
+whole experts: a task computes gate/up for its block of I, the activation, and multiplies by
+the matching columns of w2; each worker adds its partials into its own [T, D] buffer, and the
+waiter sums the buffers. Shape legend: T = tokens, D = hidden, I = expert intermediate,
+n = tokens routed to one expert, s = rows of I in one task.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ft import cpuinfo, settings
+from ft.engine.cpu_moe_compute import Slice, choose_compute, run_slice
+from ft.errors import FtError
+from ft.log import get_logger
+
+log = get_logger("ft.engine.cpu_moe")
+
+THREAD_PREFIX = "ft-cpu-moe-"
+_PR_SET_NAME = 15
+
+
+@dataclass(frozen=True)
+class ExpertJob:
+    """One expert's work in a layer: the tokens `rows` of x routed to it, with their weights."""
+
+    w13: torch.Tensor  # [2I, D] host: rows 0..I-1 gate, I..2I-1 up
+    w2: torch.Tensor  # [D, I] host
+    rows: torch.Tensor  # [n] long, indices into x
+    weights: torch.Tensor  # [n] router weights
+
+
+@dataclass(frozen=True)
+class CpuMoeStats:
+    experts_in_pool: int  # expert FFNs computed by the pool's workers
+    experts_inline: int  # computed anywhere else (the calling thread): must be visible
+
+
+class CpuMoeHandle:
+    """The result of one submit(); wait() blocks (no spinning) until every task is done."""
+
+    def __init__(self, x: torch.Tensor, tasks: int, workers: int) -> None:
+        self._shape = (x.shape[0], x.shape[1])
+        self._partials: list[torch.Tensor | None] = [None] * max(workers, 1)  # one per worker
+        self._remaining = tasks
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self.ran_on: set[str] = set()  # names of the threads that computed this handle's tasks
+        if tasks == 0:
+            self._done.set()
+
+    def partial(self, worker: int) -> torch.Tensor:
+        buf = self._partials[worker]
+        if buf is None:  # lazily: at decode most workers touch few handles' rows
+            buf = self._partials[worker] = torch.zeros(self._shape, dtype=torch.float32)
+        return buf
+
+    def task_done(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            if error is not None and self._error is None:
+                self._error = error
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        """[T, D] float32: the sum over jobs of weights * FFN(x[rows]), scattered to rows."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"CPU MoE tasks not done after {timeout} s")
+        if self._error is not None:
+            raise RuntimeError("a CPU MoE worker failed") from self._error
+        parts = [p for p in self._partials if p is not None]
+        if not parts:
+            return torch.zeros(self._shape, dtype=torch.float32)
+        out = parts[0]
+        for p in parts[1:]:
+            out += p
+        return out
+
+
+class CpuMoeExecutor:
+    """A pool of pinned worker threads; submit(x, jobs) returns a handle at once."""
+
+    def __init__(
+        self,
+        threads: int | None = None,
+        cores: list[int] | None = None,
+        *,
+        compute: str = "auto",  # "auto" | "float32" | "native" (see cpu_moe_compute)
+        min_slice: int = 32,  # fewest rows of I in one task: below it, per-op cost dominates
+        tasks_per_thread: int = 2,  # tasks per worker per submit, to even out the finish
+        force_inline: bool | None = None,  # fault injection: compute on the caller, not the pool
+    ) -> None:
+        self.cores = _pick_cores(threads, cores)
+        self.threads = len(self.cores)
+        self.compute = compute
+        self.min_slice = max(1, min_slice)
+        self.tasks_per_thread = max(1, tasks_per_thread)
+        self.force_inline = (
+            settings.cpu_moe_force_inline() if force_inline is None else force_inline
+        )
+        self.native_ids: list[int] = [0] * self.threads
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()  # blocking get: no busy-waiting
+        self._in_pool = [0] * self.threads  # one writer each: no lock needed
+        self._inline = 0
+        self._warned_inline = False
+        self._closed = False
+        self._started = threading.Barrier(self.threads + 1)  # returns once all are pinned
+        self._workers = [self._start_worker(k) for k in range(self.threads)]
+        self._started.wait()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def _start_worker(self, k: int) -> threading.Thread:
+        t = threading.Thread(
+            target=self._worker, args=(k,), name=f"{THREAD_PREFIX}{k}", daemon=True
+        )
+        t.start()
+        return t
+
+    def close(self) -> None:
+        """Stop and join the workers; later submits run inline (counted and warned)."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._workers:
+            self._tasks.put(None)
+        for t in self._workers:
+            t.join()
+
+    def __enter__(self) -> CpuMoeExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and all(t.is_alive() for t in self._workers)
+
+    @property
+    def stats(self) -> CpuMoeStats:
+        return CpuMoeStats(experts_in_pool=sum(self._in_pool), experts_inline=self._inline)
+
+    # -- work -----------------------------------------------------------------------------------
+
+    def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
+        """Queue the jobs' row blocks and return at once; x is [T, D] on the CPU."""
+        if x.device.type != "cpu":
+            raise ValueError(f"CpuMoeExecutor.submit needs x on the CPU, got {x.device}")
+        jobs = [j for j in jobs if j.rows.numel() > 0]
+        if self.force_inline or not self.alive:
+            return self._run_inline(x, jobs)
+        slices = self._plan(x, jobs)
+        handle = CpuMoeHandle(x, len(slices), self.threads)
+        for sl in slices:
+            self._tasks.put((handle, sl))
+        return handle
+
+    def _plan(self, x: torch.Tensor, jobs: list[ExpertJob]) -> list[Slice]:
+        """Cut each expert's I into blocks so that the pool has ~tasks_per_thread each."""
+        want = math.ceil(self.threads * self.tasks_per_thread / max(len(jobs), 1))
+        slices = []
+        for job in jobs:
+            inter = job.w2.shape[1]
+            compute = choose_compute(self.compute, job.w13.dtype)
+            xj = _gather_rows(x, job, compute)
+            for lo, hi in split_range(inter, want, self.min_slice):
+                slices.append(Slice(job, xj, lo, hi, compute, first=lo == 0))
+        return slices
+
+    def _run_inline(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
+        handle = CpuMoeHandle(x, 0, 1)
+        reason = "forced (FT_CPU_MOE_INLINE)" if self.force_inline else "the pool is closed"
+        for job in jobs:
+            compute = choose_compute(self.compute, job.w13.dtype)
+            sl = Slice(job, _gather_rows(x, job, compute), 0, job.w2.shape[1], compute, True)
+            run_slice(sl, handle.partial(0), scratch={})
+        handle.ran_on.add(threading.current_thread().name)
+        self._inline += len(jobs)
+        if jobs and not self._warned_inline:
+            self._warned_inline = True
+            log.warning(
+                "CPU MoE: %d expert(s) computed outside the pool, on thread %r: %s; "
+                "counted in experts_cpu_inline",
+                len(jobs),
+                threading.current_thread().name,
+                reason,
+            )
+        return handle
+
+    def _worker(self, k: int) -> None:
+        self.native_ids[k] = threading.get_native_id()
+        _name_os_thread(f"{THREAD_PREFIX}{k}")
+        _pin(self.cores[k])
+        # Sets this thread's OpenMP/MKL team to 1 (thread-local in torch's OpenMP build);
+        # the worker is pinned to one core, so any inner team would only fight its neighbours.
+        torch.set_num_threads(1)
+        self._started.wait()
+        scratch: dict = {}
+        name = threading.current_thread().name
+        while (item := self._tasks.get()) is not None:
+            handle, sl = item
+            try:
+                run_slice(sl, handle.partial(k), scratch)
+                handle.ran_on.add(name)
+                if sl.first:
+                    self._in_pool[k] += 1
+                handle.task_done()
+            except BaseException as exc:  # hand it to wait(); never kill the worker
+                handle.task_done(exc)
+
+
+def _gather_rows(x: torch.Tensor, job: ExpertJob, compute: torch.dtype) -> torch.Tensor:
+    return x.index_select(0, job.rows).to(compute)  # [n, D]
+
+
+def split_range(n: int, parts: int, min_size: int) -> list[tuple[int, int]]:
+    """[0, n) cut into at most `parts` near-equal blocks of at least min_size (one if n small)."""
+    parts = max(1, min(parts, n // max(min_size, 1)))
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _pick_cores(threads: int | None, cores: list[int] | None) -> list[int]:
+    allowed = cpuinfo.allowed_cores()
+    if cores:
+        bad = sorted(set(cores) - set(allowed))
+        if bad:
+            raise FtError(f"CPU MoE cores {bad} are not in this process's allowed cores {allowed}")
+        return list(cores)[: threads or len(cores)]
+    if threads is None:
+        threads = max(1, cpuinfo.physical_cores() - 1)
+    if threads < 1:
+        raise FtError(f"--cpu-moe-threads must be at least 1, got {threads}")
+    return [allowed[k % len(allowed)] for k in range(threads)]  # more threads than cores: wrap
+
+
+def _name_os_thread(name: str) -> None:
+    """Set the kernel's name of the calling thread (/proc/PID/task/TID/comm, 15 chars max)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the Python name still holds
+        pass
+
+
+def _pin(core: int) -> None:
+    try:
+        os.sched_setaffinity(threading.get_native_id(), {core})
+    except (AttributeError, OSError) as exc:
+        log.warning("CPU MoE worker could not be pinned to core %d: %s", core, exc)
+
+
+def lower_torch_threads(pool_threads: int) -> tuple[int, int]:
+    """Leave torch's intra-op pool only the cores the CPU MoE pool does not take; logs it.
+
+    Call before the pool's first task: torch reads the count once per new thread.
+    """
+    before = torch.get_num_threads()
+    after = min(before, max(1, cpuinfo.physical_cores() - pool_threads))
+    torch.set_num_threads(after)
+    log.info(
+        "torch intra-op threads: %d -> %d (cores reserved for the pinned CPU MoE pool)",
+        before,
+        after,
+    )
+    return before, after
+
+
+def ready_line(
+    pool: CpuMoeExecutor,
+    *,
+    fmt: str,
+    hidden: int,
+    intermediate: int,
+    experts: int,
+    layers: int,
+    top_k: int,
+) -> str:
+    """The startup line probes parse (DESIGN.md section 2); the engine supplies the shape."""
+    cores = format_cores(pool.cores)
+    return (
+        f"CPU MoE executor ready: threads={pool.threads} (pinned to cores {cores})"
+        f" isa={cpuinfo.best_isa()} fmt={fmt} H={hidden} I={intermediate} experts={experts}"
+        f" layers={layers} top_k={top_k}"
+    )
+
+
+def format_cores(cores: list[int]) -> str:
+    """[0..14] as '0..14'; anything not one ascending run as '0,2,4'."""
+    if len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}..{cores[-1]}"
+    return ",".join(map(str, cores))
