@@ -59,6 +59,7 @@ class CpuMoeHandle:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._result: torch.Tensor | None = None
         self.ran_on: set[str] = set()  # names of the threads that computed this handle's tasks
         if tasks == 0:
             self._done.set()
@@ -86,13 +87,13 @@ class CpuMoeHandle:
             raise TimeoutError(f"CPU MoE tasks not done after {timeout} s")
         if self._error is not None:
             raise RuntimeError("a CPU MoE worker failed") from self._error
-        parts = [p for p in self._partials if p is not None]
-        if not parts:
-            return torch.zeros(self._shape, dtype=torch.float32)
-        out = parts[0]
-        for p in parts[1:]:
-            out += p
-        return out
+        if self._result is None:  # sum once: wait() may be called again
+            parts = [p for p in self._partials if p is not None]
+            out = parts[0] if parts else torch.zeros(self._shape, dtype=torch.float32)
+            for p in parts[1:]:
+                out += p
+            self._result, self._partials = out, []
+        return self._result
 
 
 class CpuMoeExecutor:

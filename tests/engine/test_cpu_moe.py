@@ -181,3 +181,11 @@ def test_log_lines(ft_log):
     assert line.startswith("CPU MoE executor ready: threads=1 (pinned to cores ")
     assert line.endswith("fmt=bf16 H=2560 I=640 experts=512 layers=48 top_k=10")
     assert format_cores(list(range(15))) == "0..14" and format_cores([0, 2]) == "0,2"
+
+
+def test_wait_is_idempotent():
+    x, jobs = make_jobs(3)
+    with CpuMoeExecutor(threads=2, min_slice=4) as pool:
+        handle = pool.submit(x, jobs)
+        first = handle.wait().clone()
+        assert torch.equal(handle.wait(), first) and handle.done()
