@@ -12,10 +12,7 @@ n = tokens routed to one expert, s = rows of I in one task.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
-import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -24,13 +21,18 @@ import torch
 
 from ft import cpuinfo, settings
 from ft.engine.cpu_moe_compute import Slice, choose_compute, run_slice
-from ft.errors import FtError
+from ft.engine.cpu_moe_threads import (  # noqa: F401  (lower_torch_threads: for the engine)
+    format_cores,
+    lower_torch_threads,
+    name_os_thread,
+    pick_cores,
+    pin_to_core,
+)
 from ft.log import get_logger
 
 log = get_logger("ft.engine.cpu_moe")
 
 THREAD_PREFIX = "ft-cpu-moe-"
-_PR_SET_NAME = 15
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class CpuMoeExecutor:
         tasks_per_thread: int = 2,  # tasks per worker per submit, to even out the finish
         force_inline: bool | None = None,  # fault injection: compute on the caller, not the pool
     ) -> None:
-        self.cores = _pick_cores(threads, cores)
+        self.cores = pick_cores(threads, cores)
         self.threads = len(self.cores)
         self.compute = compute
         self.min_slice = max(1, min_slice)
@@ -123,9 +125,14 @@ class CpuMoeExecutor:
         self._inline = 0
         self._warned_inline = False
         self._closed = False
+        self.worker_torch_threads: list[int] = [0] * self.threads  # each worker's, after setup
         self._started = threading.Barrier(self.threads + 1)  # returns once all are pinned
+        caller_threads = torch.get_num_threads()
         self._workers = [self._start_worker(k) for k in range(self.threads)]
         self._started.wait()
+        # The workers' set_num_threads(1) also wrote torch's process-wide default, which every
+        # thread started later would inherit (the engine's own thread among them): put it back.
+        torch.set_num_threads(caller_threads)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -209,11 +216,14 @@ class CpuMoeExecutor:
 
     def _worker(self, k: int) -> None:
         self.native_ids[k] = threading.get_native_id()
-        _name_os_thread(f"{THREAD_PREFIX}{k}")
-        _pin(self.cores[k])
-        # Sets this thread's OpenMP/MKL team to 1 (thread-local in torch's OpenMP build);
-        # the worker is pinned to one core, so any inner team would only fight its neighbours.
+        name_os_thread(f"{THREAD_PREFIX}{k}")
+        pin_to_core(self.cores[k])
+        # One intra-op thread: the worker is pinned to one core, so an inner OpenMP/MKL team
+        # would only fight its neighbours. get_ first: torch sets a thread's count up lazily on
+        # its first use, from the process default, which would undo the set_ below.
+        torch.get_num_threads()
         torch.set_num_threads(1)
+        self.worker_torch_threads[k] = torch.get_num_threads()
         self._started.wait()
         scratch: dict = {}
         name = threading.current_thread().name
@@ -240,52 +250,6 @@ def split_range(n: int, parts: int, min_size: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def _pick_cores(threads: int | None, cores: list[int] | None) -> list[int]:
-    allowed = cpuinfo.allowed_cores()
-    if cores:
-        bad = sorted(set(cores) - set(allowed))
-        if bad:
-            raise FtError(f"CPU MoE cores {bad} are not in this process's allowed cores {allowed}")
-        return list(cores)[: threads or len(cores)]
-    if threads is None:
-        threads = max(1, cpuinfo.physical_cores() - 1)
-    if threads < 1:
-        raise FtError(f"--cpu-moe-threads must be at least 1, got {threads}")
-    return [allowed[k % len(allowed)] for k in range(threads)]  # more threads than cores: wrap
-
-
-def _name_os_thread(name: str) -> None:
-    """Set the kernel's name of the calling thread (/proc/PID/task/TID/comm, 15 chars max)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the Python name still holds
-        pass
-
-
-def _pin(core: int) -> None:
-    try:
-        os.sched_setaffinity(threading.get_native_id(), {core})
-    except (AttributeError, OSError) as exc:
-        log.warning("CPU MoE worker could not be pinned to core %d: %s", core, exc)
-
-
-def lower_torch_threads(pool_threads: int) -> tuple[int, int]:
-    """Leave torch's intra-op pool only the cores the CPU MoE pool does not take; logs it.
-
-    Call before the pool's first task: torch reads the count once per new thread.
-    """
-    before = torch.get_num_threads()
-    after = min(before, max(1, cpuinfo.physical_cores() - pool_threads))
-    torch.set_num_threads(after)
-    log.info(
-        "torch intra-op threads: %d -> %d (cores reserved for the pinned CPU MoE pool)",
-        before,
-        after,
-    )
-    return before, after
-
-
 def ready_line(
     pool: CpuMoeExecutor,
     *,
@@ -305,8 +269,6 @@ def ready_line(
     )
 
 
-def format_cores(cores: list[int]) -> str:
-    """[0..14] as '0..14'; anything not one ascending run as '0,2,4'."""
-    if len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1)):
-        return f"{cores[0]}..{cores[-1]}"
-    return ",".join(map(str, cores))
+def log_ready(pool: CpuMoeExecutor, **shape: int | str) -> None:
+    """Log ready_line(pool, **shape): fmt, hidden, intermediate, experts, layers, top_k."""
+    log.info("%s", ready_line(pool, **shape))

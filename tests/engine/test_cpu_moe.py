@@ -189,3 +189,14 @@ def test_wait_is_idempotent():
         handle = pool.submit(x, jobs)
         first = handle.wait().clone()
         assert torch.equal(handle.wait(), first) and handle.done()
+
+
+def test_workers_have_one_torch_thread_and_leave_the_default_alone():
+    before = torch.get_num_threads()
+    with CpuMoeExecutor(threads=2) as pool:
+        assert pool.worker_torch_threads == [1, 1]
+        seen = []
+        later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        later.start()
+        later.join()
+    assert torch.get_num_threads() == before and seen == [before]
