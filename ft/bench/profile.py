@@ -114,6 +114,16 @@ def fetch_fraction(pcie_overlap: float | None, cpu_overlap: float | None) -> flo
     return pcie_overlap / (pcie_overlap + cpu_overlap)
 
 
+def fetch_log_line(d: Decision) -> str:
+    """The startup line of `--moe-hybrid-max-fetch auto` (DESIGN.md section 2; keep the words)."""
+    if d.fetch_fraction is None:
+        raise FtError(f"the bandwidth profile has no overlapped numbers for {d.fmt}: {d.note}")
+    return (
+        f"--moe-hybrid-max-fetch auto: fetching {d.fetch_fraction:.1%} of each decode step's"
+        " expert misses over PCIe (benched PCIe/CPU bandwidth ratio), the rest on the CPU"
+    )
+
+
 def apply_rules(data: dict) -> dict:
     """Fill each format's ratio / recommended and the `dtypes` summary from decide()."""
     for fmt, kernel in data["dtype_kernels"].items():

@@ -107,7 +107,7 @@ class CpuMoeExecutor:
         cores: list[int] | None = None,
         *,
         compute: str = "auto",  # "auto" | "float32" | "native" (see cpu_moe_compute)
-        min_slice: int = 32,  # fewest rows of I in one task: below it, per-op cost dominates
+        min_slice: int = 64,  # fewest rows of I in one task: below it, per-op cost dominates
         tasks_per_thread: int = 2,  # tasks per worker per submit, to even out the finish
         force_inline: bool | None = None,  # fault injection: compute on the caller, not the pool
     ) -> None:
@@ -171,8 +171,7 @@ class CpuMoeExecutor:
 
     def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
         """Queue the jobs' row blocks and return at once; x is [T, D] on the CPU."""
-        if x.device.type != "cpu":
-            raise ValueError(f"CpuMoeExecutor.submit needs x on the CPU, got {x.device}")
+        _check_on_cpu(x, jobs)
         jobs = [j for j in jobs if j.rows.numel() > 0]
         if self.force_inline or not self.alive:
             return self._run_inline(x, jobs)
@@ -237,6 +236,15 @@ class CpuMoeExecutor:
                 handle.task_done()
             except BaseException as exc:  # hand it to wait(); never kill the worker
                 handle.task_done(exc)
+
+
+def _check_on_cpu(x: torch.Tensor, jobs: list[ExpertJob]) -> None:
+    """Fail in the caller, not later in a worker: everything the pool reads is host memory."""
+    tensors = [("x", x)] + [(f"jobs[{i}].{n}", getattr(j, n)) for i, j in enumerate(jobs)
+                            for n in ("w13", "w2", "rows", "weights")]  # fmt: skip
+    for name, t in tensors:
+        if t.device.type != "cpu":
+            raise ValueError(f"CpuMoeExecutor.submit: {name} is on {t.device}, needs the CPU")
 
 
 def _gather_rows(x: torch.Tensor, job: ExpertJob, compute: torch.dtype) -> torch.Tensor:

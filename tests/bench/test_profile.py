@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ft.bench.profile import apply_rules, check, decide, load_profile
+from ft.bench.profile import apply_rules, check, decide, fetch_log_line, load_profile
 from ft.errors import FtError
 from tests.conftest import REPO_ROOT, ft_env, run_ft
 
@@ -151,3 +151,13 @@ def test_cli_bad_profiles_one_line_exit_1(tmp_path, content, message):
 def test_cli_missing_default_profile():
     res = run_ft("profile", "show")
     assert res.returncode == 1 and "benchbw.json" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_fetch_log_line_in_the_seed_words():
+    line = fetch_log_line(decide(load_profile(SEED_PROFILE), "nvfp4"))
+    assert line == (
+        "--moe-hybrid-max-fetch auto: fetching 27.8% of each decode step's expert misses over"
+        " PCIe (benched PCIe/CPU bandwidth ratio), the rest on the CPU"
+    )
+    with pytest.raises(FtError, match="no overlapped numbers for fp8_block"):
+        fetch_log_line(decide(load_profile(SEED_PROFILE), "fp8_block"))

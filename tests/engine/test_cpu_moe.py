@@ -200,3 +200,13 @@ def test_workers_have_one_torch_thread_and_leave_the_default_alone():
         later.start()
         later.join()
     assert torch.get_num_threads() == before and seen == [before]
+
+
+def test_tensors_off_the_cpu_are_refused_in_the_caller():
+    x, jobs = make_jobs(2)
+    with CpuMoeExecutor(threads=1) as pool:
+        with pytest.raises(ValueError, match="x is on meta"):
+            pool.submit(x.to("meta"), jobs)
+        bad = ExpertJob(jobs[0].w13, jobs[0].w2, jobs[0].rows.to("meta"), jobs[0].weights)
+        with pytest.raises(ValueError, match=r"jobs\[1\].rows is on meta"):
+            pool.submit(x, [jobs[0], bad])
