@@ -161,3 +161,12 @@ def test_fetch_log_line_in_the_seed_words():
     )
     with pytest.raises(FtError, match="no overlapped numbers for fp8_block"):
         fetch_log_line(decide(load_profile(SEED_PROFILE), "fp8_block"))
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO_ROOT / "profiles").glob("*.json")), ids=lambda p: p.name
+)
+def test_reference_profiles_load_and_agree_with_the_rules(path):
+    profile = load_profile(path)
+    assert profile.data.get("source"), "a reference profile says where its numbers come from"
+    assert profile.data["dtypes"] == {f: decide(profile, f).recommended for f in profile.formats}
