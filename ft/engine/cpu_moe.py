@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ft import cpuinfo, settings
-from ft.engine.cpu_moe_compute import Slice, choose_compute, run_slice
+from ft.engine.cpu_moe_compute import Slice, make_slices, run_slice
 from ft.engine.cpu_moe_threads import (  # noqa: F401  (lower_torch_threads: for the engine)
     format_cores,
     lower_torch_threads,
@@ -108,7 +108,7 @@ class CpuMoeExecutor:
         *,
         compute: str = "auto",  # "auto" | "float32" | "native" (see cpu_moe_compute)
         min_slice: int = 64,  # fewest rows of I in one task: below it, per-op cost dominates
-        tasks_per_thread: int = 2,  # tasks per worker per submit, to even out the finish
+        tasks_per_thread: int = 1,  # tasks per worker per submit: more balance, more overhead
         force_inline: bool | None = None,  # fault injection: compute on the caller, not the pool
     ) -> None:
         self.cores = pick_cores(threads, cores)
@@ -186,20 +186,16 @@ class CpuMoeExecutor:
         want = math.ceil(self.threads * self.tasks_per_thread / max(len(jobs), 1))
         slices = []
         for job in jobs:
-            inter = job.w2.shape[1]
-            compute = choose_compute(self.compute, job.w13.dtype)
-            xj = _gather_rows(x, job, compute)
-            for lo, hi in split_range(inter, want, self.min_slice):
-                slices.append(Slice(job, xj, lo, hi, compute, first=lo == 0))
+            blocks = split_range(job.w2.shape[1], want, self.min_slice)
+            slices += make_slices(job, x, self.compute, blocks)
         return slices
 
     def _run_inline(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
         handle = CpuMoeHandle(x, 0, 1)
         reason = "forced (FT_CPU_MOE_INLINE)" if self.force_inline else "the pool is closed"
         for job in jobs:
-            compute = choose_compute(self.compute, job.w13.dtype)
-            sl = Slice(job, _gather_rows(x, job, compute), 0, job.w2.shape[1], compute, True)
-            run_slice(sl, handle.partial(0), scratch={})
+            (whole,) = make_slices(job, x, self.compute, [(0, job.w2.shape[1])])
+            run_slice(whole, handle.partial(0), scratch={})
         handle.ran_on.add(threading.current_thread().name)
         self._inline += len(jobs)
         if jobs and not self._warned_inline:
@@ -245,10 +241,6 @@ def _check_on_cpu(x: torch.Tensor, jobs: list[ExpertJob]) -> None:
     for name, t in tensors:
         if t.device.type != "cpu":
             raise ValueError(f"CpuMoeExecutor.submit: {name} is on {t.device}, needs the CPU")
-
-
-def _gather_rows(x: torch.Tensor, job: ExpertJob, compute: torch.dtype) -> torch.Tensor:
-    return x.index_select(0, job.rows).to(compute)  # [n, D]
 
 
 def split_range(n: int, parts: int, min_size: int) -> list[tuple[int, int]]:

@@ -37,10 +37,23 @@ _HW_DOT = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_
 class Slice:
     job: ExpertJob
     x: torch.Tensor  # [n, D] the job's tokens, already in the compute dtype
+    scale: torch.Tensor  # [n, 1] the job's router weights, in the compute dtype
     lo: int  # block [lo, hi) of I
     hi: int
     compute: torch.dtype
     first: bool  # the block that counts the expert once in the stats
+    dense: bool  # x has one row, so rows == [0]: a plain add instead of index_add
+
+
+def make_slices(
+    job: ExpertJob, x: torch.Tensor, mode: str, blocks: list[tuple[int, int]]
+) -> list[Slice]:
+    """The job's blocks, sharing its gathered tokens and weights (made once, on the caller)."""
+    compute = choose_compute(mode, job.w13.dtype)
+    xj = x.index_select(0, job.rows).to(compute)  # [n, D]
+    scale = job.weights.to(compute)[:, None]  # [n, 1]
+    dense = x.shape[0] == 1
+    return [Slice(job, xj, scale, lo, hi, compute, lo == 0, dense) for lo, hi in blocks]
 
 
 @cache
@@ -76,8 +89,12 @@ def run_slice(sl: Slice, acc: torch.Tensor, scratch: dict) -> None:
         gate, up = h[:, :s], h[:, s:]
         down = _buffer(scratch, "down", (w2.shape[0], s), sl.compute)  # [D, s]
         down.copy_(w2[:, sl.lo : sl.hi])
-    act = F.silu(gate) * up * sl.job.weights.to(sl.compute)[:, None]  # [n, s]
-    acc.index_add_(0, sl.job.rows, (act @ down.T).float())  # [n, D] into [T, D]
+    act = F.silu(gate).mul_(up).mul_(sl.scale)  # [n, s]
+    out = (act @ down.T).float()  # [n, D]
+    if sl.dense:
+        acc.add_(out)
+    else:
+        acc.index_add_(0, sl.job.rows, out)  # into [T, D]
 
 
 def _buffer(scratch: dict, key: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
