@@ -46,6 +46,8 @@ class BwConfig:
     inter: int = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise FtError(f"--threads must be at least 1, got {self.threads}")
         if self.threshold <= 0:
             raise FtError(f"--threshold must be positive, got {self.threshold}")
         unknown = [f for f in self.formats if f not in FORMATS]

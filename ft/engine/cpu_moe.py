@@ -19,15 +19,24 @@ from dataclasses import dataclass
 
 import torch
 
-from ft import cpuinfo, settings
-from ft.engine.cpu_moe_compute import Slice, make_slices, run_slice
-from ft.engine.cpu_moe_threads import (  # noqa: F401  (lower_torch_threads: for the engine)
+from ft import settings
+from ft.engine.cpu_moe_compute import (  # noqa: F401  (expert_jobs: for the strategies)
+    COMPUTE_MODES,
+    Slice,
+    expert_jobs,
+    make_slices,
+    run_slice,
+)
+from ft.engine.cpu_moe_threads import (  # noqa: F401  (log helpers: for the engine)
     format_cores,
+    log_ready,
     lower_torch_threads,
     name_os_thread,
     pick_cores,
     pin_to_core,
+    ready_line,
 )
+from ft.errors import FtError
 from ft.log import get_logger
 
 log = get_logger("ft.engine.cpu_moe")
@@ -111,6 +120,10 @@ class CpuMoeExecutor:
         tasks_per_thread: int = 1,  # tasks per worker per submit: more balance, more overhead
         force_inline: bool | None = None,  # fault injection: compute on the caller, not the pool
     ) -> None:
+        if compute not in COMPUTE_MODES:
+            raise FtError(
+                f"CPU MoE compute must be one of {', '.join(COMPUTE_MODES)}, got {compute!r}"
+            )
         self.cores = pick_cores(threads, cores)
         self.threads = len(self.cores)
         self.compute = compute
@@ -248,27 +261,3 @@ def split_range(n: int, parts: int, min_size: int) -> list[tuple[int, int]]:
     parts = max(1, min(parts, n // max(min_size, 1)))
     bounds = [round(i * n / parts) for i in range(parts + 1)]
     return list(zip(bounds[:-1], bounds[1:], strict=True))
-
-
-def ready_line(
-    pool: CpuMoeExecutor,
-    *,
-    fmt: str,
-    hidden: int,
-    intermediate: int,
-    experts: int,
-    layers: int,
-    top_k: int,
-) -> str:
-    """The startup line probes parse (DESIGN.md section 2); the engine supplies the shape."""
-    cores = format_cores(pool.cores)
-    return (
-        f"CPU MoE executor ready: threads={pool.threads} (pinned to cores {cores})"
-        f" isa={cpuinfo.best_isa()} fmt={fmt} H={hidden} I={intermediate} experts={experts}"
-        f" layers={layers} top_k={top_k}"
-    )
-
-
-def log_ready(pool: CpuMoeExecutor, **shape: int | str) -> None:
-    """Log ready_line(pool, **shape): fmt, hidden, intermediate, experts, layers, top_k."""
-    log.info("%s", ready_line(pool, **shape))

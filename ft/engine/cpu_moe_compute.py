@@ -45,6 +45,25 @@ class Slice:
     dense: bool  # x has one row, so rows == [0]: a plain add instead of index_add
 
 
+def expert_jobs(
+    w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    experts: list[int],
+) -> list[ExpertJob]:  # fmt: skip
+    """One ExpertJob per expert in `experts`, from a layer's routing (all on the CPU).
+
+    w13 [E, 2I, D] and w2 [E, D, I] are the layer's host store; topk_ids / topk_weights [T, K].
+    """
+    from ft.engine.cpu_moe import ExpertJob
+
+    jobs = []
+    for e in experts:
+        tokens, slots = (topk_ids == e).nonzero(as_tuple=True)  # [n], [n]
+        if tokens.numel():
+            weights = topk_weights[tokens, slots].float()  # [n]
+            jobs.append(ExpertJob(w13=w13[e], w2=w2[e], rows=tokens, weights=weights))
+    return jobs
+
+
 def make_slices(
     job: ExpertJob, x: torch.Tensor, mode: str, blocks: list[tuple[int, int]]
 ) -> list[Slice]:

@@ -6,12 +6,16 @@ import ctypes
 import ctypes.util
 import os
 import threading
+from typing import TYPE_CHECKING
 
 import torch
 
 from ft import cpuinfo
 from ft.errors import FtError
 from ft.log import get_logger
+
+if TYPE_CHECKING:
+    from ft.engine.cpu_moe import CpuMoeExecutor
 
 log = get_logger("ft.engine.cpu_moe")
 _PR_SET_NAME = 15
@@ -27,7 +31,7 @@ def pick_cores(threads: int | None, cores: list[int] | None) -> list[int]:
     if threads is None:
         threads = max(1, cpuinfo.physical_cores() - 1)
     if threads < 1:
-        raise FtError(f"--cpu-moe-threads must be at least 1, got {threads}")
+        raise FtError(f"CPU MoE threads must be at least 1, got {threads}")
     return [allowed[k % len(allowed)] for k in range(threads)]  # more threads than cores: wrap
 
 
@@ -69,3 +73,27 @@ def format_cores(cores: list[int]) -> str:
     if len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1)):
         return f"{cores[0]}..{cores[-1]}"
     return ",".join(map(str, cores))
+
+
+def ready_line(
+    pool: CpuMoeExecutor,
+    *,
+    fmt: str,
+    hidden: int,
+    intermediate: int,
+    experts: int,
+    layers: int,
+    top_k: int,
+) -> str:
+    """The startup line probes parse (DESIGN.md section 2); the engine supplies the shape."""
+    cores = format_cores(pool.cores)
+    return (
+        f"CPU MoE executor ready: threads={pool.threads} (pinned to cores {cores})"
+        f" isa={cpuinfo.best_isa()} fmt={fmt} H={hidden} I={intermediate} experts={experts}"
+        f" layers={layers} top_k={top_k}"
+    )
+
+
+def log_ready(pool: CpuMoeExecutor, **shape: int | str) -> None:
+    """Log ready_line(pool, **shape): fmt, hidden, intermediate, experts, layers, top_k."""
+    log.info("%s", ready_line(pool, **shape))

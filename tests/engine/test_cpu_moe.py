@@ -16,6 +16,7 @@ from ft.engine.cpu_moe import (
     THREAD_PREFIX,
     CpuMoeExecutor,
     ExpertJob,
+    expert_jobs,
     format_cores,
     lower_torch_threads,
     ready_line,
@@ -164,6 +165,8 @@ def test_bad_cores_are_a_user_error():
         CpuMoeExecutor(cores=[10_000])
     with pytest.raises(FtError, match="at least 1"):
         CpuMoeExecutor(threads=0)
+    with pytest.raises(FtError, match="compute must be one of"):
+        CpuMoeExecutor(threads=1, compute="bf16")
 
 
 def test_log_lines(ft_log):
@@ -210,3 +213,30 @@ def test_tensors_off_the_cpu_are_refused_in_the_caller():
         bad = ExpertJob(jobs[0].w13, jobs[0].w2, jobs[0].rows.to("meta"), jobs[0].weights)
         with pytest.raises(ValueError, match=r"jobs\[1\].rows is on meta"):
             pool.submit(x, [jobs[0], bad])
+
+
+def ref_dense_moe(x, w13, w2, topk_ids, topk_weights):
+    """Every token through each of its top-k experts, one at a time."""
+    out = torch.zeros(x.shape)
+    inter = w2.shape[2]
+    for t in range(x.shape[0]):
+        for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True):
+            act = F.silu(w13[e, :inter] @ x[t]) * (w13[e, inter:] @ x[t])
+            out[t] += w * (w2[e] @ act)
+    return out
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_expert_jobs_from_routing_match_a_dense_moe(tokens):
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, D, generator=gen)
+    w13 = torch.randn(EXPERTS, 2 * INTER, D, generator=gen) / D**0.5
+    w2 = torch.randn(EXPERTS, D, INTER, generator=gen) / INTER**0.5
+    scores = torch.randn(tokens, EXPERTS, generator=gen).softmax(-1)
+    topk_weights, topk_ids = scores.topk(3, dim=-1)  # [T, K]
+    jobs = expert_jobs(w13, w2, topk_ids, topk_weights, list(range(EXPERTS)))
+    with CpuMoeExecutor(threads=2, min_slice=8) as pool:
+        out = pool.submit(x, jobs).wait()
+        assert pool.stats.experts_in_pool == len(jobs) == topk_ids.unique().numel()
+    expected = ref_dense_moe(x, w13, w2, topk_ids, topk_weights)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
