@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import torch
@@ -42,8 +42,6 @@ class BwConfig:
     threshold: float = DEFAULT_THRESHOLD
     quick: bool = False  # small synthetic experts, few samples: under a minute on 2 cores
     device: str | None = None  # "cuda" / "cuda:1"; default: CUDA when present
-    hidden: int = field(init=False)
-    inter: int = field(init=False)
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -52,11 +50,12 @@ class BwConfig:
             raise FtError(f"--threshold must be positive, got {self.threshold}")
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
-            raise FtError(f"--formats: unknown {unknown or '(none)'}; known: {', '.join(FORMATS)}")
-        shape = (512, 256) if self.quick else (2048, 768)  # full: qwen3-30b-a3b's expert
-        object.__setattr__(self, "hidden", shape[0])
-        object.__setattr__(self, "inter", shape[1])
+            bad = ", ".join(unknown) or "(none)"
+            raise FtError(f"--formats: unknown expert format {bad}; known: {', '.join(FORMATS)}")
 
+    # Full runs use qwen3-30b-a3b's expert shape; --quick a small one that fits a CI box.
+    hidden = property(lambda self: 512 if self.quick else 2048)
+    inter = property(lambda self: 256 if self.quick else 768)
     synth_experts = property(lambda self: 32 if self.quick else 128)
     experts_per_step = property(lambda self: 4 if self.quick else 8)  # a layer's CPU share
     samples = property(lambda self: 8 if self.quick else 30)
