@@ -108,3 +108,17 @@ def test_gpu_quick_profile_has_pcie_and_overlap():
         assert kernel[key] > 0, key
     assert profile["gpu"]["name"] and profile["ceilings"]["pcie_linear_h2d_gbs"] > 0
     assert decide(profile, "bf16").fetch_fraction is not None
+
+
+def test_cli_table_and_default_path(monkeypatch, tmp_path):
+    """The human path: a table with the recommendation, the profile at $FT_CACHE_DIR."""
+    from typer.testing import CliRunner
+
+    from ft.cli.app import app
+
+    monkeypatch.setenv("FT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(app, ["bench", "bw", "--quick", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "recommended" in result.output and "offload" in result.output
+    assert load_profile(tmp_path / "benchbw.json").data["cpu"]["threads_used"] == 1
