@@ -14,3 +14,9 @@ def cache_dir() -> Path:
 def log_level() -> str:
     """FT_LOG_LEVEL: the engine's log level (default INFO)."""
     return os.environ.get("FT_LOG_LEVEL", "INFO").upper()
+
+
+def cpu_moe_force_inline() -> bool:
+    """FT_CPU_MOE_INLINE=1: fault injection; the CPU MoE executor computes on the calling thread
+    instead of its pool (counted as experts_cpu_inline and warned once)."""
+    return os.environ.get("FT_CPU_MOE_INLINE", "") not in ("", "0", "false", "no")

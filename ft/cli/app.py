@@ -70,10 +70,12 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, env
+    from ft.cli import bench, bench_bw, env, profile
 
     env.register(app)
     bench.register(app)
+    bench_bw.register(app)
+    profile.register(app)
 
 
 _register()

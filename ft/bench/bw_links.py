@@ -1,0 +1,117 @@
+"""Link measurements for `ft bench bw`: host memory read, PCIe linear copies, and the gather of
+whole experts into device cache slots, as the engine's expert cache does it.
+
+Every measurement is a list of Samples (one timed batch each); the caller drops warm-ups and
+quotes the median.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    start: float  # perf_counter seconds
+    end: float
+    nbytes: int
+
+    @property
+    def gbs(self) -> float:
+        return self.nbytes / max(self.end - self.start, 1e-9) / 1e9
+
+
+def timed(fn: Callable[[], int]) -> Sample:
+    """Run fn (which returns the bytes it moved) once, as one sample."""
+    start = time.perf_counter()
+    nbytes = fn()
+    return Sample(start, time.perf_counter(), nbytes)
+
+
+def median_gbs(samples: list[Sample], warmup: int = 0) -> float | None:
+    kept = samples[warmup:] or samples
+    return round(statistics.median(s.gbs for s in kept), 2) if kept else None
+
+
+def cpu_stream_read_gbs(nbytes: int, threads: int, repeats: int, warmup: int) -> float | None:
+    """Host memory read rate with `threads` torch threads summing one large buffer."""
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)  # written once: every page is real
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        samples = [timed(lambda: (buf.sum(), buf.numel() * 4)[1]) for _ in range(warmup + repeats)]
+    finally:
+        torch.set_num_threads(saved)
+    return median_gbs(samples, warmup)
+
+
+def pcie_linear_gbs(
+    nbytes: int, device: torch.device, repeats: int, warmup: int
+) -> tuple[float | None, float | None]:
+    """Pinned host <-> device copies of one contiguous buffer: (H2D, D2H) GB/s."""
+    host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def copy(dst: torch.Tensor, src: torch.Tensor) -> int:
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(device)
+        return nbytes
+
+    h2d = [timed(lambda: copy(dev, host)) for _ in range(warmup + repeats)]
+    d2h = [timed(lambda: copy(host, dev)) for _ in range(warmup + repeats)]
+    return median_gbs(h2d, warmup), median_gbs(d2h, warmup)
+
+
+class SlotGather:
+    """Device cache slots w13 [N, 2I, D] / w2 [N, D, I], filled on a side stream."""
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, slots: int, device: torch.device):
+        self.host_w13, self.host_w2 = w13, w2  # [E, 2I, D], [E, D, I] pinned host
+        self.w13 = torch.empty((slots, *w13.shape[1:]), dtype=w13.dtype, device=device)
+        self.w2 = torch.empty((slots, *w2.shape[1:]), dtype=w2.dtype, device=device)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # CPU: tests
+        self.expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+        self._next_slot = 0
+
+    def fetch(self, experts: list[int]) -> int:
+        """Copy these experts into the next slots (each into its own slot), wait; bytes moved."""
+        slots = self.w13.shape[0]
+        with torch.cuda.stream(self.stream) if self.stream else nullcontext():
+            for e in experts:
+                s, self._next_slot = self._next_slot, (self._next_slot + 1) % slots
+                self.w13[s].copy_(self.host_w13[e], non_blocking=True)
+                self.w2[s].copy_(self.host_w2[e], non_blocking=True)
+        if self.stream:
+            self.stream.synchronize()
+        return len(experts) * self.expert_bytes
+
+
+def gpu_facts(device: torch.device) -> dict:
+    """name, and the PCIe link generation / width as NVML reports them (None where it cannot)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    facts = {"name": torch.cuda.get_device_name(index), "pcie_gen": None, "pcie_width": None}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = _nvml_handle(pynvml, index)
+        facts["pcie_gen"] = int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle))
+        facts["pcie_width"] = int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle))
+    except Exception:  # no NVML (driver, container): the link stays unknown, the bench goes on
+        pass
+    return facts
+
+
+def _nvml_handle(pynvml, index: int):
+    props = torch.cuda.get_device_properties(index)
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is None:  # older torch: trust that CUDA and NVML number the devices alike
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    domain, dev = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
+    return pynvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08x}:{bus:02x}:{dev:02x}.0")

@@ -1,0 +1,263 @@
+"""The CPU MoE executor: a pinned pool of worker threads computing expert FFNs from host weights.
+
+Each worker is a Python thread named `ft-cpu-moe-K` (the OS name too, so probes can find it in
+/proc), pinned to one core, with torch intra-op threads = 1. Python threads scale here because
+torch's matmuls release the GIL (DESIGN.md section 6). At decode batch a layer sends only a few
+experts to the CPU, so work is handed out as row blocks of the intermediate dimension I, not as
+whole experts: a task computes gate/up for its block of I, the activation, and multiplies by
+the matching columns of w2; each worker adds its partials into its own [T, D] buffer, and the
+waiter sums the buffers. Shape legend: T = tokens, D = hidden, I = expert intermediate,
+n = tokens routed to one expert, s = rows of I in one task.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ft import settings
+from ft.engine.cpu_moe_compute import (  # noqa: F401  (expert_jobs: for the strategies)
+    COMPUTE_MODES,
+    Slice,
+    expert_jobs,
+    make_slices,
+    run_slice,
+)
+from ft.engine.cpu_moe_threads import (  # noqa: F401  (log helpers: for the engine)
+    format_cores,
+    log_ready,
+    lower_torch_threads,
+    name_os_thread,
+    pick_cores,
+    pin_to_core,
+    ready_line,
+)
+from ft.errors import FtError
+from ft.log import get_logger
+
+log = get_logger("ft.engine.cpu_moe")
+
+THREAD_PREFIX = "ft-cpu-moe-"
+
+
+@dataclass(frozen=True)
+class ExpertJob:
+    """One expert's work in a layer: the tokens `rows` of x routed to it, with their weights."""
+
+    w13: torch.Tensor  # [2I, D] host: rows 0..I-1 gate, I..2I-1 up
+    w2: torch.Tensor  # [D, I] host
+    rows: torch.Tensor  # [n] long, indices into x
+    weights: torch.Tensor  # [n] router weights
+
+
+@dataclass(frozen=True)
+class CpuMoeStats:
+    experts_in_pool: int  # expert FFNs computed by the pool's workers
+    experts_inline: int  # computed anywhere else (the calling thread): must be visible
+
+
+class CpuMoeHandle:
+    """The result of one submit(); wait() blocks (no spinning) until every task is done."""
+
+    def __init__(self, x: torch.Tensor, tasks: int, workers: int) -> None:
+        self._shape = (x.shape[0], x.shape[1])
+        self._partials: list[torch.Tensor | None] = [None] * max(workers, 1)  # one per worker
+        self._remaining = tasks
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._result: torch.Tensor | None = None
+        self.ran_on: set[str] = set()  # names of the threads that computed this handle's tasks
+        if tasks == 0:
+            self._done.set()
+
+    def partial(self, worker: int) -> torch.Tensor:
+        buf = self._partials[worker]
+        if buf is None:  # lazily: at decode most workers touch few handles' rows
+            buf = self._partials[worker] = torch.zeros(self._shape, dtype=torch.float32)
+        return buf
+
+    def task_done(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            if error is not None and self._error is None:
+                self._error = error
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        """[T, D] float32: the sum over jobs of weights * FFN(x[rows]), scattered to rows."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"CPU MoE tasks not done after {timeout} s")
+        if self._error is not None:
+            raise RuntimeError("a CPU MoE worker failed") from self._error
+        if self._result is None:  # sum once: wait() may be called again
+            parts = [p for p in self._partials if p is not None]
+            out = parts[0] if parts else torch.zeros(self._shape, dtype=torch.float32)
+            for p in parts[1:]:
+                out += p
+            self._result, self._partials = out, []
+        return self._result
+
+
+class CpuMoeExecutor:
+    """A pool of pinned worker threads; submit(x, jobs) returns a handle at once."""
+
+    def __init__(
+        self,
+        threads: int | None = None,
+        cores: list[int] | None = None,
+        *,
+        compute: str = "auto",  # "auto" | "float32" | "native" (see cpu_moe_compute)
+        min_slice: int = 64,  # fewest rows of I in one task: below it, per-op cost dominates
+        tasks_per_thread: int = 1,  # tasks per worker per submit: more balance, more overhead
+        force_inline: bool | None = None,  # fault injection: compute on the caller, not the pool
+    ) -> None:
+        if compute not in COMPUTE_MODES:
+            raise FtError(
+                f"CPU MoE compute must be one of {', '.join(COMPUTE_MODES)}, got {compute!r}"
+            )
+        self.cores = pick_cores(threads, cores)
+        self.threads = len(self.cores)
+        self.compute = compute
+        self.min_slice = max(1, min_slice)
+        self.tasks_per_thread = max(1, tasks_per_thread)
+        self.force_inline = (
+            settings.cpu_moe_force_inline() if force_inline is None else force_inline
+        )
+        self.native_ids: list[int] = [0] * self.threads
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()  # blocking get: no busy-waiting
+        self._in_pool = [0] * self.threads  # one writer each: no lock needed
+        self._inline = 0
+        self._warned_inline = False
+        self._closed = False
+        self.worker_torch_threads: list[int] = [0] * self.threads  # each worker's, after setup
+        self._started = threading.Barrier(self.threads + 1)  # returns once all are pinned
+        caller_threads = torch.get_num_threads()
+        self._workers = [self._start_worker(k) for k in range(self.threads)]
+        self._started.wait()
+        # The workers' set_num_threads(1) also wrote torch's process-wide default, which every
+        # thread started later would inherit (the engine's own thread among them): put it back.
+        torch.set_num_threads(caller_threads)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def _start_worker(self, k: int) -> threading.Thread:
+        t = threading.Thread(
+            target=self._worker, args=(k,), name=f"{THREAD_PREFIX}{k}", daemon=True
+        )
+        t.start()
+        return t
+
+    def close(self) -> None:
+        """Stop and join the workers; later submits run inline (counted and warned)."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._workers:
+            self._tasks.put(None)
+        for t in self._workers:
+            t.join()
+
+    def __enter__(self) -> CpuMoeExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and all(t.is_alive() for t in self._workers)
+
+    @property
+    def stats(self) -> CpuMoeStats:
+        return CpuMoeStats(experts_in_pool=sum(self._in_pool), experts_inline=self._inline)
+
+    # -- work -----------------------------------------------------------------------------------
+
+    def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
+        """Queue the jobs' row blocks and return at once; x is [T, D] on the CPU."""
+        _check_on_cpu(x, jobs)
+        jobs = [j for j in jobs if j.rows.numel() > 0]
+        if self.force_inline or not self.alive:
+            return self._run_inline(x, jobs)
+        slices = self._plan(x, jobs)
+        handle = CpuMoeHandle(x, len(slices), self.threads)
+        for sl in slices:
+            self._tasks.put((handle, sl))
+        return handle
+
+    def _plan(self, x: torch.Tensor, jobs: list[ExpertJob]) -> list[Slice]:
+        """Cut each expert's I into blocks so that the pool has ~tasks_per_thread each."""
+        want = math.ceil(self.threads * self.tasks_per_thread / max(len(jobs), 1))
+        slices = []
+        for job in jobs:
+            blocks = split_range(job.w2.shape[1], want, self.min_slice)
+            slices += make_slices(job, x, self.compute, blocks)
+        return slices
+
+    def _run_inline(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
+        handle = CpuMoeHandle(x, 0, 1)
+        reason = "forced (FT_CPU_MOE_INLINE)" if self.force_inline else "the pool is closed"
+        for job in jobs:
+            (whole,) = make_slices(job, x, self.compute, [(0, job.w2.shape[1])])
+            run_slice(whole, handle.partial(0), scratch={})
+        handle.ran_on.add(threading.current_thread().name)
+        self._inline += len(jobs)
+        if jobs and not self._warned_inline:
+            self._warned_inline = True
+            log.warning(
+                "CPU MoE: %d expert(s) computed outside the pool, on thread %r: %s; "
+                "counted in experts_cpu_inline",
+                len(jobs),
+                threading.current_thread().name,
+                reason,
+            )
+        return handle
+
+    def _worker(self, k: int) -> None:
+        self.native_ids[k] = threading.get_native_id()
+        name_os_thread(f"{THREAD_PREFIX}{k}")
+        pin_to_core(self.cores[k])
+        # One intra-op thread: the worker is pinned to one core, so an inner OpenMP/MKL team
+        # would only fight its neighbours. get_ first: torch sets a thread's count up lazily on
+        # its first use, from the process default, which would undo the set_ below.
+        torch.get_num_threads()
+        torch.set_num_threads(1)
+        self.worker_torch_threads[k] = torch.get_num_threads()
+        self._started.wait()
+        scratch: dict = {}
+        name = threading.current_thread().name
+        while (item := self._tasks.get()) is not None:
+            handle, sl = item
+            try:
+                run_slice(sl, handle.partial(k), scratch)
+                handle.ran_on.add(name)
+                if sl.first:
+                    self._in_pool[k] += 1
+                handle.task_done()
+            except BaseException as exc:  # hand it to wait(); never kill the worker
+                handle.task_done(exc)
+
+
+def _check_on_cpu(x: torch.Tensor, jobs: list[ExpertJob]) -> None:
+    """Fail in the caller, not later in a worker: everything the pool reads is host memory."""
+    tensors = [("x", x)] + [(f"jobs[{i}].{n}", getattr(j, n)) for i, j in enumerate(jobs)
+                            for n in ("w13", "w2", "rows", "weights")]  # fmt: skip
+    for name, t in tensors:
+        if t.device.type != "cpu":
+            raise ValueError(f"CpuMoeExecutor.submit: {name} is on {t.device}, needs the CPU")
+
+
+def split_range(n: int, parts: int, min_size: int) -> list[tuple[int, int]]:
+    """[0, n) cut into at most `parts` near-equal blocks of at least min_size (one if n small)."""
+    parts = max(1, min(parts, n // max(min_size, 1)))
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))

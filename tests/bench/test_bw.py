@@ -1,0 +1,124 @@
+"""`ft bench bw`: a valid schema-4 profile on the CPU, measured through the real executor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ft.bench import bw as bw_mod
+from ft.bench.bw import NO_GPU_NOTE, BwConfig, _FormatBench, run_bw
+from ft.bench.bw_formats import FORMATS
+from ft.bench.profile import decide, load_profile
+from ft.engine.cpu_moe import THREAD_PREFIX, CpuMoeExecutor
+from ft.errors import FtError
+from tests.conftest import run_ft
+
+
+class RecordingExecutor(CpuMoeExecutor):
+    """The real executor, remembering the threads and counters of its work for the test."""
+
+    made: list[RecordingExecutor] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ran_on: set[str] = set()
+        RecordingExecutor.made.append(self)
+
+    def submit(self, x, jobs):
+        handle = super().submit(x, jobs)
+        handle.wait()
+        self.ran_on |= handle.ran_on
+        return handle
+
+
+def test_cpu_numbers_come_from_the_pool(monkeypatch):
+    RecordingExecutor.made.clear()
+    monkeypatch.setattr(bw_mod, "CpuMoeExecutor", RecordingExecutor)
+    cfg = BwConfig(formats=("bf16", "fp32"), quick=True, threads=1, device="cpu")
+    stages: list[str] = []
+    profile = run_bw(cfg, stages.append)
+    (pool,) = RecordingExecutor.made
+    steps = (cfg.warmup + cfg.samples) * len(cfg.formats)
+    assert pool.stats.experts_in_pool == steps * cfg.experts_per_step
+    assert pool.stats.experts_inline == 0
+    assert pool.ran_on and all(n.startswith(THREAD_PREFIX) for n in pool.ran_on)
+    kernel = profile["dtype_kernels"]["bf16"]
+    assert kernel["cpu_moe_gbs"] > 0 and kernel["expert_bytes"] == 3 * 512 * 256 * 2
+    assert kernel["pcie_gather_gbs"] is None and kernel["note"] == NO_GPU_NOTE
+    assert profile["gpu"] is None and profile["ceilings"]["pcie_linear_h2d_gbs"] is None
+    assert profile["cpu"]["threads_used"] == 1
+    assert any("CPU MoE pool" in s for s in stages)
+
+
+def test_gather_and_overlap_logic_on_cpu_slots():
+    """The slot gather and the overlapped pair, with CPU buffers standing in for the device."""
+    cfg = BwConfig(quick=True, threads=1, device="cpu")
+    w13, w2 = FORMATS["bf16"].make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
+    with CpuMoeExecutor(threads=1) as pool:
+        bench = _FormatBench(FORMATS["bf16"], cfg, pool, w13, w2, torch.device("cpu"))
+        samples = bench.gather_samples(3)
+        k = cfg.experts_per_step
+        assert [s.nbytes for s in samples] == [k * bench.expert_bytes] * 3
+        last = (3 * k - 1 + cfg.synth_experts // 2) % cfg.synth_experts  # the gather's cursor
+        slot = (3 * k - 1) % (2 * k)  # each expert into its own slot, round robin
+        assert torch.equal(bench.gather.w13[slot], w13[last])
+        assert torch.equal(bench.gather.w2[slot], w2[last])
+        cpu_gbs, gather_gbs = bench.overlapped()
+    assert cpu_gbs > 0 and gather_gbs > 0
+
+
+def test_config_errors():
+    with pytest.raises(FtError, match="unknown"):
+        BwConfig(formats=("nvfp5",))
+    with pytest.raises(FtError, match="threshold"):
+        BwConfig(threshold=0)
+
+
+@pytest.mark.timeout(180)
+def test_cli_quick_writes_a_valid_profile(tmp_path):
+    out = tmp_path / "bw.json"
+    res = run_ft("bench", "bw", "--quick", "--out", str(out), "--json", "--threshold", "1.5")
+    assert res.returncode == 0, res.stderr
+    printed = json.loads(res.stdout)
+    profile = load_profile(out)
+    assert profile.data == printed and profile.data["version"] == 4
+    assert profile.threshold == 1.5
+    if not torch.cuda.is_available():
+        kernel = profile.data["dtype_kernels"]["bf16"]
+        assert kernel["pcie_gather_gbs"] is None and kernel["pcie_gather_overlap_gbs"] is None
+        d = decide(profile, "bf16")
+        assert d.recommended == "offload" and "no CUDA GPU" in d.note
+
+
+@pytest.mark.timeout(120)
+def test_cli_bad_format_is_one_line():
+    res = run_ft("bench", "bw", "--quick", "--formats", "bf16,nvfp5", "--out", "/nonexistent/x")
+    assert res.returncode == 1 and res.stderr.startswith("error: --formats")
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_gpu_quick_profile_has_pcie_and_overlap():
+    profile = run_bw(BwConfig(quick=True))
+    kernel = profile["dtype_kernels"]["bf16"]
+    for key in ("pcie_gather_gbs", "cpu_moe_overlap_gbs", "pcie_gather_overlap_gbs"):
+        assert kernel[key] > 0, key
+    assert profile["gpu"]["name"] and profile["ceilings"]["pcie_linear_h2d_gbs"] > 0
+    assert decide(profile, "bf16").fetch_fraction is not None
+
+
+def test_cli_table_and_default_path(monkeypatch, tmp_path):
+    """The human path: a table with the recommendation, the profile at $FT_CACHE_DIR."""
+    from typer.testing import CliRunner
+
+    from ft.cli.app import app
+
+    monkeypatch.setenv("FT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(app, ["bench", "bw", "--quick", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "recommended" in result.output and "offload" in result.output
+    assert load_profile(tmp_path / "benchbw.json").data["cpu"]["threads_used"] == 1

@@ -1,0 +1,242 @@
+"""The CPU MoE executor: exact against a reference FFN, really on its pinned, named threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ft import cpuinfo
+from ft.engine.cpu_moe import (
+    THREAD_PREFIX,
+    CpuMoeExecutor,
+    ExpertJob,
+    expert_jobs,
+    format_cores,
+    lower_torch_threads,
+    ready_line,
+    split_range,
+)
+from ft.errors import FtError
+
+D, INTER, EXPERTS = 64, 48, 6
+
+
+def ref_moe(x: torch.Tensor, jobs: list[ExpertJob]) -> torch.Tensor:
+    """The plain fp32 definition: sum over jobs of weights * down(silu(gate x) * up x)."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for job in jobs:
+        w13, w2, xs = job.w13.float(), job.w2.float(), x[job.rows].float()
+        inter = w2.shape[1]
+        act = F.silu(xs @ w13[:inter].T) * (xs @ w13[inter:].T)
+        out.index_add_(0, job.rows, (act @ w2.T) * job.weights[:, None].float())
+    return out
+
+
+def make_jobs(tokens: int, dtype=torch.float32, seed: int = 0) -> tuple[torch.Tensor, list]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, D, generator=gen)
+    w13 = (torch.randn(EXPERTS, 2 * INTER, D, generator=gen) / D**0.5).to(dtype)
+    w2 = (torch.randn(EXPERTS, D, INTER, generator=gen) / INTER**0.5).to(dtype)
+    jobs = []
+    for e in range(EXPERTS):
+        rows = torch.randperm(tokens, generator=gen)[: max(1, tokens // 2)]
+        weights = torch.rand(rows.numel(), generator=gen)
+        jobs.append(ExpertJob(w13=w13[e], w2=w2[e], rows=rows, weights=weights))
+    return x, jobs
+
+
+@pytest.fixture
+def ft_log(caplog):
+    """The ft logger does not propagate: attach caplog's handler to it directly."""
+    logger = logging.getLogger("ft")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="ft")
+    yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("tokens", [1, 3, 17])
+@pytest.mark.parametrize("min_slice", [1, 8, 64])
+def test_pool_equals_reference_fp32(threads, tokens, min_slice):
+    x, jobs = make_jobs(tokens, seed=tokens * 10 + threads)
+    with CpuMoeExecutor(threads=threads, min_slice=min_slice) as pool:
+        out = pool.submit(x, jobs).wait()
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    torch.testing.assert_close(out, ref_moe(x, jobs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("compute,tol", [("float32", 1e-5), ("native", 3e-2), ("auto", 3e-2)])
+def test_pool_bf16_weights(compute, tol):
+    x, jobs = make_jobs(5, dtype=torch.bfloat16)
+    with CpuMoeExecutor(threads=2, compute=compute, min_slice=4) as pool:
+        out = pool.submit(x, jobs).wait()
+    torch.testing.assert_close(out, ref_moe(x, jobs), rtol=tol, atol=tol)
+
+
+def test_ffns_ran_on_pool_threads_only():
+    x, jobs = make_jobs(4)
+    with CpuMoeExecutor(threads=2, min_slice=4) as pool:
+        handle = pool.submit(x, jobs)
+        handle.wait()
+        assert pool.stats.experts_in_pool == EXPERTS
+        assert pool.stats.experts_inline == 0
+    assert handle.ran_on, "no thread recorded computing the tasks"
+    assert all(name.startswith(THREAD_PREFIX) for name in handle.ran_on), handle.ran_on
+    assert threading.current_thread().name not in handle.ran_on
+
+
+def test_rows_of_one_expert_are_split_across_workers():
+    x, jobs = make_jobs(1)
+    with CpuMoeExecutor(threads=2, min_slice=4, tasks_per_thread=4) as pool:
+        handle = pool.submit(x, jobs[:1])
+        handle.wait()
+        assert pool.stats.experts_in_pool == 1  # one expert, counted once however it is cut
+    assert len(split_range(INTER, 8, 4)) == 8
+
+
+def test_threads_carry_os_name_and_pin():
+    cores = cpuinfo.allowed_cores()
+    with CpuMoeExecutor(threads=len(cores)) as pool:
+        for k, tid in enumerate(pool.native_ids):
+            comm = Path(f"/proc/{os.getpid()}/task/{tid}/comm").read_text().strip()
+            assert comm == f"{THREAD_PREFIX}{k}"
+            assert os.sched_getaffinity(tid) == {pool.cores[k]}
+        assert pool.cores == cores
+
+
+def test_close_stops_threads_and_later_work_is_inline(ft_log):
+    x, jobs = make_jobs(3)
+    pool = CpuMoeExecutor(threads=2)
+    workers = list(pool._workers)
+    pool.close()
+    assert not any(t.is_alive() for t in workers)
+    assert {t.name for t in threading.enumerate()}.isdisjoint({t.name for t in workers})
+    out = pool.submit(x, jobs).wait()
+    torch.testing.assert_close(out, ref_moe(x, jobs), rtol=1e-5, atol=1e-5)
+    assert pool.stats.experts_inline == EXPERTS and pool.stats.experts_in_pool == 0
+    assert "pool is closed" in ft_log.text
+
+
+def test_forced_inline_is_counted_and_warned_once(ft_log, monkeypatch):
+    monkeypatch.setenv("FT_CPU_MOE_INLINE", "1")
+    x, jobs = make_jobs(2)
+    with CpuMoeExecutor(threads=1) as pool:
+        first = pool.submit(x, jobs)
+        pool.submit(x, jobs).wait()
+        assert pool.stats.experts_inline == 2 * EXPERTS and pool.stats.experts_in_pool == 0
+    assert first.ran_on == {threading.current_thread().name}
+    warnings = [r for r in ft_log.records if "outside the pool" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+
+
+def test_worker_error_reaches_wait_and_pool_survives():
+    x, jobs = make_jobs(2)
+    bad = ExpertJob(w13=torch.randn(2 * INTER, D + 1), w2=jobs[0].w2, rows=jobs[0].rows,
+                    weights=jobs[0].weights)  # fmt: skip
+    with CpuMoeExecutor(threads=2) as pool:
+        with pytest.raises(RuntimeError, match="worker failed"):
+            pool.submit(x, [bad]).wait(timeout=30)
+        torch.testing.assert_close(pool.submit(x, jobs).wait(timeout=30), ref_moe(x, jobs))
+
+
+def test_empty_jobs_give_zeros():
+    x, _ = make_jobs(2)
+    with CpuMoeExecutor(threads=1) as pool:
+        assert torch.equal(pool.submit(x, []).wait(), torch.zeros(2, D))
+
+
+def test_split_range_covers_exactly():
+    for n, parts, min_size in [(640, 5, 32), (48, 100, 1), (10, 4, 32), (7, 3, 2)]:
+        blocks = split_range(n, parts, min_size)
+        assert blocks[0][0] == 0 and blocks[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:], strict=False))
+        assert len(blocks) <= max(parts, 1)
+
+
+def test_bad_cores_are_a_user_error():
+    with pytest.raises(FtError, match="not in this process's allowed cores"):
+        CpuMoeExecutor(cores=[10_000])
+    with pytest.raises(FtError, match="at least 1"):
+        CpuMoeExecutor(threads=0)
+    with pytest.raises(FtError, match="compute must be one of"):
+        CpuMoeExecutor(threads=1, compute="bf16")
+
+
+def test_log_lines(ft_log):
+    saved = torch.get_num_threads()
+    try:
+        before, after = lower_torch_threads(pool_threads=1)
+    finally:
+        torch.set_num_threads(saved)
+    assert after <= before and after >= 1
+    expected = f"torch intra-op threads: {before} -> {after} (cores reserved for the pinned CPU MoE"
+    assert expected in ft_log.text
+    with CpuMoeExecutor(threads=1, cores=[cpuinfo.allowed_cores()[0]]) as pool:
+        line = ready_line(pool, fmt="bf16", hidden=2560, intermediate=640, experts=512,
+                          layers=48, top_k=10)  # fmt: skip
+    assert line.startswith("CPU MoE executor ready: threads=1 (pinned to cores ")
+    assert line.endswith("fmt=bf16 H=2560 I=640 experts=512 layers=48 top_k=10")
+    assert format_cores(list(range(15))) == "0..14" and format_cores([0, 2]) == "0,2"
+
+
+def test_wait_is_idempotent():
+    x, jobs = make_jobs(3)
+    with CpuMoeExecutor(threads=2, min_slice=4) as pool:
+        handle = pool.submit(x, jobs)
+        first = handle.wait().clone()
+        assert torch.equal(handle.wait(), first) and handle.done()
+
+
+def test_workers_have_one_torch_thread_and_leave_the_default_alone():
+    before = torch.get_num_threads()
+    with CpuMoeExecutor(threads=2) as pool:
+        assert pool.worker_torch_threads == [1, 1]
+        seen = []
+        later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        later.start()
+        later.join()
+    assert torch.get_num_threads() == before and seen == [before]
+
+
+def test_tensors_off_the_cpu_are_refused_in_the_caller():
+    x, jobs = make_jobs(2)
+    with CpuMoeExecutor(threads=1) as pool:
+        with pytest.raises(ValueError, match="x is on meta"):
+            pool.submit(x.to("meta"), jobs)
+        bad = ExpertJob(jobs[0].w13, jobs[0].w2, jobs[0].rows.to("meta"), jobs[0].weights)
+        with pytest.raises(ValueError, match=r"jobs\[1\].rows is on meta"):
+            pool.submit(x, [jobs[0], bad])
+
+
+def ref_dense_moe(x, w13, w2, topk_ids, topk_weights):
+    """Every token through each of its top-k experts, one at a time."""
+    out = torch.zeros(x.shape)
+    inter = w2.shape[2]
+    for t in range(x.shape[0]):
+        for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True):
+            act = F.silu(w13[e, :inter] @ x[t]) * (w13[e, inter:] @ x[t])
+            out[t] += w * (w2[e] @ act)
+    return out
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_expert_jobs_from_routing_match_a_dense_moe(tokens):
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, D, generator=gen)
+    w13 = torch.randn(EXPERTS, 2 * INTER, D, generator=gen) / D**0.5
+    w2 = torch.randn(EXPERTS, D, INTER, generator=gen) / INTER**0.5
+    scores = torch.randn(tokens, EXPERTS, generator=gen).softmax(-1)
+    topk_weights, topk_ids = scores.topk(3, dim=-1)  # [T, K]
+    jobs = expert_jobs(w13, w2, topk_ids, topk_weights, list(range(EXPERTS)))
+    with CpuMoeExecutor(threads=2, min_slice=8) as pool:
+        out = pool.submit(x, jobs).wait()
+        assert pool.stats.experts_in_pool == len(jobs) == topk_ids.unique().numel()
+    expected = ref_dense_moe(x, w13, w2, topk_ids, topk_weights)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
