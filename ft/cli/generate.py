@@ -90,6 +90,7 @@ def run_one(engine, prompt_ids: list[int], params) -> dict:
         "cache_hits": stats.cache_hits, "cache_misses": stats.cache_misses,
         "experts_fetched": stats.experts_fetched, "bytes_fetched": stats.bytes_fetched,
         "expert_uses": stats.expert_uses, "moe_strategy": engine.config.moe_strategy,
+        "moe_cache_size": engine.moe_cache_size,
     }  # fmt: skip
 
 

@@ -35,6 +35,7 @@ class EngineParts:
     tokenizer: object
     max_model_len: int
     num_slots: int  # sequences the KV cache holds at once
+    cache_size: int | None  # expert cache slots (offload); None when resident
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -51,7 +52,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, dtype
     )
     used = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values()) + kv_bytes
-    strategy = _strategy(config, store, budget, used)
+    strategy, cache_size = _strategy(config, store, budget, used)
     log.info(f"MoE experts: {config.expert_format} via torch")
     kv = KVCache(
         cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, config.device
@@ -59,7 +60,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, config.device)
     model = MoeModel(cfg, weights, strategy, kv, rope)
     tokenizer = load_tokenizer(config.model, cfg.eos_token_id)
-    return EngineParts(cfg, model, strategy, tokenizer, max_len, slots)
+    return EngineParts(cfg, model, strategy, tokenizer, max_len, slots, cache_size)
 
 
 def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
@@ -75,11 +76,12 @@ def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
     return max_len, min(config.max_num_seqs, config.kv_reserve_tokens // max_len)
 
 
-def _strategy(config: EngineConfig, store, budget: int, used: int) -> MoeStrategy:
+def _strategy(config: EngineConfig, store, budget: int, used: int):
+    """-> (strategy, expert cache slots or None)."""
     if config.moe_strategy == "resident":
         check_resident_fits(config, store, budget, used)
-        return build_strategy(config, store)
+        return build_strategy(config, store), None
     size, rate = resolve_cache_size(config, store, budget, used)
     if config.moe_cache_size is None and config.moe_cache_rate is None:
         log.info(f"--moe-cache-auto resolved moe_cache_size={size} (rate {rate:.3f})")
-    return build_strategy(config, store, cache_size=size)
+    return build_strategy(config, store, cache_size=size), size

@@ -90,7 +90,7 @@ def _model_type(raw: dict) -> str:
     for arch in archs:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
-    if raw.get("model_type") in ARCHITECTURES.values():
+    if not archs and raw.get("model_type") in ARCHITECTURES.values():
         return raw["model_type"]
     known = ", ".join(ARCHITECTURES)
     name = ",".join(archs) or raw.get("model_type") or "none"
