@@ -11,11 +11,12 @@ from ft.engine.config import EngineConfig, ModelConfig
 from ft.engine.loader import CheckpointReader, load_dense, load_experts
 from ft.engine.memory import (
     GIB,
+    cap_device_memory,
     check_resident_fits,
     memory_budget,
     resolve_cache_size,
     tensor_bytes,
-)  # fmt: skip
+)
 from ft.engine.model import MoeModel
 from ft.engine.strategies import MoeStrategy, build_strategy
 from ft.engine.tokenizer import load_tokenizer
@@ -44,6 +45,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     dtype = DTYPES[config.dtype]
     budget = memory_budget(config)
     log.info(f"Free memory before loading model: {budget / GIB:.2f} GiB")
+    cap_device_memory(config)
     reader = CheckpointReader(config.model)
     weights = load_dense(reader, cfg, config.device, dtype)
     store = load_experts(reader, cfg, dtype)
@@ -70,6 +72,11 @@ def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
         raise FtError(
             f"max_model_len {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
         )
+    if cfg.sliding_window and max_len > cfg.sliding_window:
+        log.warning(
+            f"max_model_len {max_len} capped to the model's sliding_window {cfg.sliding_window}"
+        )
+        max_len = cfg.sliding_window  # within the window, full attention is the same thing
     if config.kv_reserve_tokens is None:
         return max_len, config.max_num_seqs
     max_len = min(max_len, config.kv_reserve_tokens)

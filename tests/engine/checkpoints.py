@@ -15,7 +15,7 @@ QWEN3 = {
     ),
     "qwen3-mha-nonorm-dense0": dict(
         num_attention_heads=4, num_key_value_heads=4, num_experts=6, num_experts_per_tok=3,
-        norm_topk_prob=False, mlp_only_layers=[0],
+        norm_topk_prob=False, mlp_only_layers=[0], tie_word_embeddings=True,
     ),
 }  # fmt: skip
 MIXTRAL = {
