@@ -174,6 +174,7 @@ class EngineConfig:
         _check_strategy(self.moe_strategy)
         self._check_numbers()
         self._check_cache_flags()
+        self._check_cache_fits_model()
 
     def _check_numbers(self) -> None:
         for name in ("moe_cache_size", "kv_reserve_tokens", "max_model_len"):
@@ -198,6 +199,16 @@ class EngineConfig:
             )
         if any(given) and self.moe_strategy == "resident":
             raise FtError("--moe-cache-* needs an offloading --moe-strategy (not 'resident')")
+
+    def _check_cache_fits_model(self) -> None:
+        """A cache larger than the model's expert count is a mistake; say so before loading."""
+        if self.moe_cache_size is None or not (Path(self.model) / "config.json").is_file():
+            return
+        total = ModelConfig.from_dir(self.model).total_experts
+        if self.moe_cache_size > total:
+            raise FtError(
+                f"moe_cache_size {self.moe_cache_size} is larger than the expert count {total}"
+            )
 
     def describe(self) -> str:
         """The body of the `Resolved config:` log line."""
