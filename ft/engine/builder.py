@@ -82,7 +82,7 @@ def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
     if config.kv_reserve_tokens is None:
         return max_len, config.max_num_seqs
     max_len = min(max_len, config.kv_reserve_tokens)
-    return max_len, min(config.max_num_seqs, config.kv_reserve_tokens // max_len)
+    return max_len, config.kv_reserve_tokens // max_len  # reserve what was asked for
 
 
 def _strategy(config: EngineConfig, store, budget: int, used: int):
