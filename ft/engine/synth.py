@@ -51,18 +51,21 @@ class RoutingStats:
         )
 
 
-def synth_checkpoint(preset: str, out: str | Path, layers=None, experts=None,
-                     dtype: str = "bfloat16", seed: int = 0) -> RoutingStats:  # fmt: skip
-    """Write the checkpoint to `out` (which must not exist or be empty); -> routing stats."""
+def synth_checkpoint(
+    preset: str, out: str | Path, layers: int | None = None, experts: int | None = None,
+    dtype: str = "bfloat16", seed: int = 0, on_layer=None,
+) -> RoutingStats:  # fmt: skip
+    """Write the checkpoint to `out` (which must not exist or be empty); -> routing stats.
+    `on_layer(done, total)` is called after each layer (progress for people)."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FtError(f"{out} already exists and is not empty")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FtError(f"{out} already exists and is not an empty directory")
     hf = preset_hf_config(preset, layers, experts, dtype)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        stats = _write(hf, tmp, DTYPES[dtype], seed)
+        stats = _write(hf, tmp, DTYPES[dtype], seed, on_layer or (lambda done, total: None))
         if out.exists():
             out.rmdir()
         tmp.rename(out)  # the checkpoint appears whole or not at all
@@ -71,7 +74,7 @@ def synth_checkpoint(preset: str, out: str | Path, layers=None, experts=None,
     return stats
 
 
-def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int) -> RoutingStats:
+def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int, on_layer) -> RoutingStats:
     tok = build_tokenizer(hf["vocab_size"])
     hf["eos_token_id"] = save_tokenizer(tok, out, hf["max_position_embeddings"])
     (out / "config.json").write_text(json.dumps(hf, indent=2))
@@ -87,6 +90,7 @@ def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int) -> RoutingStats:
     for layer in range(cfg.num_layers):
         h, ids = _make_layer(cfg, layer, h, gen, writer, dtype)
         routes.append(ids)
+        on_layer(layer + 1, cfg.num_layers)
     writer.add("model.norm.weight", torch.ones(cfg.hidden_size), dtype)
     writer.add("lm_head.weight", _draw_lm_head(cfg, h, gen), dtype)
     writer.finish()
