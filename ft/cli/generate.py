@@ -57,8 +57,10 @@ def generate(
         raise FtError("give exactly one of --prompt or --prompt-ids")
     params = SamplingParams(max_tokens, temperature, top_p, seed, ignore_eos)
     config = engine_config_from_options(
-        model, device, dtype, moe_strategy, moe_cache_size, moe_cache_rate, moe_cache_auto,
-        kv_reserve_tokens, gpu_memory_limit, 1, max_model_len,
+        model=model, device=device, dtype=dtype, moe_strategy=moe_strategy,
+        moe_cache_size=moe_cache_size, moe_cache_rate=moe_cache_rate,
+        moe_cache_auto=moe_cache_auto, kv_reserve_tokens=kv_reserve_tokens,
+        gpu_memory_limit=gpu_memory_limit, max_num_seqs=1, max_model_len=max_model_len,
     )  # fmt: skip
     engine = LLMEngine(config)
     try:
