@@ -97,6 +97,7 @@ def run_one(engine, prompt_ids: list[int], params) -> dict:
         "cache_hits": stats.cache_hits, "cache_misses": stats.cache_misses,
         "experts_fetched": stats.experts_fetched, "bytes_fetched": stats.bytes_fetched,
         "expert_uses": stats.expert_uses, "moe_strategy": engine.config.moe_strategy,
+        "device": engine.config.device, "dtype": engine.config.dtype,
         "moe_cache_size": engine.moe_cache_size, "decode_tokens": stats.decode_tokens, **decode,
     }  # fmt: skip
 
