@@ -70,9 +70,11 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, bench_bw, env, profile
+    from ft.cli import bench, bench_bw, env, generate, model, profile
 
     env.register(app)
+    model.register(app)
+    generate.register(app)
     bench.register(app)
     bench_bw.register(app)
     profile.register(app)
