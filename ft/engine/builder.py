@@ -43,6 +43,8 @@ class EngineParts:
 def build_engine_parts(config: EngineConfig) -> EngineParts:
     log.info(f"Resolved config: {config.describe()}")
     cfg = ModelConfig.from_dir(config.model)
+    tokenizer = load_tokenizer(config.model, cfg.eos_token_id)  # cheap checks before the load
+    max_len, slots = plan_kv(config, cfg)
     dtype = DTYPES[config.dtype]
     budget = memory_budget(config)
     log.info(f"Free memory before loading model: {budget / GIB:.2f} GiB")
@@ -50,7 +52,6 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     reader = CheckpointReader(config.model)
     weights = load_dense(reader, cfg, config.device, dtype)
     store = load_experts(reader, cfg, dtype)
-    max_len, slots = plan_kv(config, cfg)
     kv_bytes = KVCache.bytes_needed(
         cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, dtype
     )
@@ -62,7 +63,6 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, config.device)
     model = MoeModel(cfg, weights, strategy, kv, rope)
-    tokenizer = load_tokenizer(config.model, cfg.eos_token_id)
     stops = stop_token_ids(config.model, tokenizer.eos_token_id)
     return EngineParts(cfg, model, strategy, tokenizer, max_len, slots, cache_size, stops)
 
@@ -93,4 +93,6 @@ def _strategy(config: EngineConfig, store, budget: int, used: int):
     size, rate = resolve_cache_size(config, store, budget, used)
     if config.moe_cache_size is None and config.moe_cache_rate is None:
         log.info(f"--moe-cache-auto resolved moe_cache_size={size} (rate {rate:.3f})")
+    mib, gib = store.expert_bytes / 2**20, size * store.expert_bytes / GIB
+    log.info(f"MoE expert cache: {size} slots of {mib:.2f} MiB (rate {rate:.3f}), {gib:.2f} GiB")
     return build_strategy(config, store, cache_size=size), size
