@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -49,13 +50,20 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     budget = memory_budget(config)
     log.info(f"Free memory before loading model: {budget / GIB:.2f} GiB")
     cap_device_memory(config)
+    start = time.perf_counter()
     reader = CheckpointReader(config.model)
     weights = load_dense(reader, cfg, config.device, dtype)
     store = load_experts(reader, cfg, dtype)
+    dense = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values())
+    seconds, experts_gib = time.perf_counter() - start, store.total_bytes / GIB
+    log.info(
+        f"Loaded weights in {seconds:.1f} s: dense {dense / GIB:.2f} GiB on {config.device}, "
+        f"{store.total_experts} experts {experts_gib:.2f} GiB in host memory"
+    )
     kv_bytes = KVCache.bytes_needed(
         cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, dtype
     )
-    used = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values()) + kv_bytes
+    used = dense + kv_bytes
     strategy, cache_size = _strategy(config, store, budget, used)
     log.info(f"MoE experts: {config.expert_format} via torch")
     kv = KVCache(
