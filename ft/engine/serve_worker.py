@@ -1,0 +1,217 @@
+"""The engine thread of `ft serve`: one named thread drives LLMEngine.step() for all requests.
+
+The engine is not thread-safe, so only this thread touches it. Requests arrive through a
+thread-safe inbox; each token goes back to its request's asyncio queue through
+loop.call_soon_threadsafe. With nothing to do the thread blocks on the inbox (no busy-wait);
+with work in flight it drains the inbox between steps, so new requests join the running batch
+(continuous batching) and aborts free their KV before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ft.errors import FtError
+from ft.log import get_logger
+
+log = get_logger("ft.serve")
+
+ENGINE_THREAD_NAME = "ft-engine"
+RATE_WINDOW_S = 10.0  # the decode tok/s gauge covers the engine's last 10 s of wall time
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One engine output for one request, as its asyncio side sees it."""
+
+    token_id: int | None
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    error_status: int = 500
+
+
+class RequestHandle:
+    """A request's end of the pipe: the engine thread fills `queue`, the HTTP handler drains it."""
+
+    def __init__(self, prompt_ids: list[int], params: Any, loop: asyncio.AbstractEventLoop):
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.loop = loop
+        self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.submitted_at = time.perf_counter()
+        self.seq_id: int | None = None  # set by the engine thread
+        self.has_first_token = False
+        self.closed = False  # finished, failed or aborted: no more events
+
+    def push(self, event: TokenEvent) -> None:
+        """Called on the engine thread only."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            pass
+
+    async def events(self):
+        """Yield this request's events until the one that finishes it."""
+        while True:
+            event = await self.queue.get()
+            yield event
+            if event.finished:
+                return
+
+
+class EngineWorker:
+    """Owns the engine thread; every method but `_run` and its helpers is safe from any thread."""
+
+    def __init__(self, engine: Any, metrics: Any = None):
+        self.engine = engine
+        self.metrics = metrics  # ServerMetrics: observe_ttft, count_token, count_finished
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[int, RequestHandle] = {}  # id(handle) -> handle, engine thread only
+        self._thread = threading.Thread(target=self._run, name=ENGINE_THREAD_NAME, daemon=True)
+        self._rate_lock = threading.Lock()
+        self._rate_points: collections.deque = collections.deque()
+        self.stats = engine.stats  # last snapshot, replaced after every step
+        self.num_running = 0
+        self.num_waiting = 0
+
+    # -- any thread -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, handle: RequestHandle) -> None:
+        self._inbox.put(("add", handle))
+
+    def abort(self, handle: RequestHandle) -> None:
+        if not handle.closed:
+            self._inbox.put(("abort", handle))
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(("stop", None))
+            self._thread.join(timeout_s)
+
+    def decode_rate(self) -> float:
+        """Engine decode tok/s over the last RATE_WINDOW_S seconds (0 when it did not decode)."""
+        with self._rate_lock:
+            if len(self._rate_points) < 2:
+                return 0.0
+            (_, tok0, dt0), (_, tok1, dt1) = self._rate_points[0], self._rate_points[-1]
+        return (tok1 - tok0) / (dt1 - dt0) if dt1 > dt0 else 0.0
+
+    # -- engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if not self._drain_inbox(block=not self.engine.has_unfinished()):
+                break
+            if self.engine.has_unfinished():
+                self._step()
+        self._close_all("abort", error=None)
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply queued commands; block for the first when idle. False once asked to stop."""
+        while True:
+            try:
+                command, handle = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if command == "stop":
+                return False
+            if command == "add":
+                self._add(handle)
+            else:
+                self._abort(handle)
+            self._update_counts()
+
+    def _add(self, handle: RequestHandle) -> None:
+        try:
+            handle.seq_id = self.engine.add_request(handle.prompt_ids, handle.params)
+        except (FtError, ValueError) as exc:
+            self._fail(handle, str(exc), status=400)
+            return
+        except Exception as exc:  # an engine bug must not take the server down
+            log.exception("engine.add_request failed")
+            self._fail(handle, f"engine error: {exc}", status=500)
+            return
+        self._live[id(handle)] = handle
+
+    def _abort(self, handle: RequestHandle) -> None:
+        if self._live.pop(id(handle), None) is None:
+            return  # already finished
+        handle.closed = True
+        try:
+            self.engine.abort(handle.seq_id)
+        except Exception:
+            log.exception("engine.abort(%s) failed", handle.seq_id)
+        handle.push(TokenEvent(None, True, "abort"))
+        if self.metrics is not None:
+            self.metrics.count_finished("abort")
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            log.exception("engine.step failed; failing the requests in flight")
+            self._close_all(None, error=f"engine error: {exc}")
+            return
+        by_seq = {h.seq_id: h for h in self._live.values()}
+        for out in outputs:
+            handle = by_seq.get(out.seq_id)
+            if handle is not None:
+                self._deliver(handle, out)
+        self._after_step()
+
+    def _deliver(self, handle: RequestHandle, out: Any) -> None:
+        if not handle.has_first_token:
+            handle.has_first_token = True
+            if self.metrics is not None:
+                self.metrics.observe_ttft(time.perf_counter() - handle.submitted_at)
+        if out.finished:
+            handle.closed = True
+            self._live.pop(id(handle), None)
+        if self.metrics is not None:
+            self.metrics.count_token()
+            if out.finished:
+                self.metrics.count_finished(out.finish_reason or "stop")
+        handle.push(TokenEvent(out.token_id, out.finished, out.finish_reason))
+
+    def _after_step(self) -> None:
+        self.stats = self.engine.stats
+        self._update_counts()
+        point = (time.monotonic(), self._stat("decode_tokens"), self._stat("decode_time_s"))
+        with self._rate_lock:
+            self._rate_points.append(point)
+            while point[0] - self._rate_points[0][0] > RATE_WINDOW_S:
+                self._rate_points.popleft()
+
+    def _stat(self, name: str) -> float:
+        return float(getattr(self.stats, name, 0) or 0)
+
+    def _update_counts(self) -> None:
+        running = sum(1 for h in self._live.values() if h.has_first_token)
+        self.num_running, self.num_waiting = running, len(self._live) - running
+
+    def _fail(self, handle: RequestHandle, message: str, status: int) -> None:
+        handle.closed = True
+        handle.push(TokenEvent(None, True, None, error=message, error_status=status))
+
+    def _close_all(self, reason: str | None, error: str | None) -> None:
+        for handle in list(self._live.values()):
+            try:
+                self.engine.abort(handle.seq_id)
+            except Exception:
+                pass  # the engine may already be broken; the client still gets its answer
+            if error is None:
+                handle.closed = True
+                handle.push(TokenEvent(None, True, reason))
+            else:
+                self._fail(handle, error, status=500)
+        self._live.clear()
+        self._update_counts()
