@@ -117,6 +117,8 @@ class Service:
         self.engine, self.worker, self.metrics, self.api_key = engine, worker, metrics, api_key
         self.model_name: str = engine.model_name
         self.max_model_len: int = engine.max_model_len
+        model_config = getattr(engine, "model_config", None)  # the model's vocab may be larger
+        self.vocab_size: int = getattr(model_config, "vocab_size", 0) or engine.tokenizer.vocab_size
 
     def key_error(self, scope) -> JSONResponse | None:
         """401 unless the request carries the key (only /v1/ is guarded, as in vLLM)."""
@@ -137,17 +139,22 @@ class Service:
 
     def prompt_ids(self, req: CompletionRequest | ChatRequest) -> list[int]:
         if isinstance(req, ChatRequest):
-            return self.engine.tokenizer.encode(render_chat(req.messages))
+            return self._encode(render_chat(req.messages))
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise ApiError(400, "Only one prompt per request is supported.", "prompt")
             prompt = prompt[0]
-        ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        vocab = getattr(self.engine.tokenizer, "vocab_size", None)
-        if vocab and any(not 0 <= i < vocab for i in ids):
-            raise ApiError(400, f"Prompt token ids must be in [0, {vocab}).", "prompt")
+        ids = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if any(not 0 <= i < self.vocab_size for i in ids):
+            raise ApiError(400, f"Prompt token ids must be in [0, {self.vocab_size}).", "prompt")
         return ids
+
+    def _encode(self, text: str) -> list[int]:
+        try:
+            return self.engine.tokenizer.encode(text)
+        except FtError as exc:  # e.g. a checkpoint without a tokenizer: ids only
+            raise ApiError(400, str(exc), "prompt") from None
 
     def max_tokens(self, req: CompletionRequest | ChatRequest, n_prompt: int) -> int:
         param = "messages" if isinstance(req, ChatRequest) else "prompt"

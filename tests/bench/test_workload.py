@@ -1,0 +1,101 @@
+"""The workload client against a real `ft serve`, and its pure parts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ft.bench.metrics_text import counter_deltas, parse_metrics
+from ft.bench.workload import make_prompts, run_workload
+from ft.engine.serve_api import Detokenizer
+from ft.errors import FtError
+from tests.conftest import ft_env, run_ft
+from tests.engine.serving import API_KEY, running_server
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with running_server(tmp_path_factory, "--max-num-seqs", "4") as pair:
+        yield pair
+
+
+@pytest.mark.timeout(300)
+def test_workload_numbers_are_positive_and_consistent(served):
+    server, _ = served
+    res = run_workload(server.url, prompts=3, max_tokens=8, concurrency=2, api_key=API_KEY)
+    assert res.ignore_eos and res.errors == 0 and len(res.requests) == 3
+    for r in res.requests:
+        assert r.tokens == 8 and r.deltas == 8 and r.finish_reason == "length"
+        assert r.ttft_s > 0 and r.decode_s > 0 and r.e2e_decode_tok_s > 0
+        assert r.e2e_decode_tok_s == pytest.approx(7 / r.decode_s)
+        assert r.latency_s >= r.ttft_s + r.decode_s
+    assert res.e2e_decode_tok_s > 0 and res.ttft_s > 0 and res.throughput_tok_s > 0
+    assert res.engine_decode_tok_s > 0
+    assert res.engine_counters["ft_generation_tokens_total"] == 24  # the warm-up is not counted
+    assert res.engine_counters["ft_decode_tokens_total"] >= 3 * 7
+    spans = sum(r.decode_s for r in res.requests)
+    assert res.e2e_decode_tok_s == pytest.approx(21 / spans)
+
+
+@pytest.mark.timeout(300)
+def test_bench_serve_cli_json(served, tmp_path_factory):
+    server, _ = served
+    cache = str(tmp_path_factory.getbasetemp() / "ft-cache")
+    args = ("bench", "serve", "--url", server.url, "--prompts", "2", "--max-tokens", "5")
+    out = run_ft(*args, "--api-key", API_KEY, "--json", env=ft_env(FT_CACHE_DIR=cache))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [r["tokens"] for r in data["requests"]] == [5, 5]
+    assert data["e2e_decode_tok_s"] > 0 and data["engine_decode_tok_s"] > 0
+    table = run_ft(*args, "--api-key", API_KEY, env=ft_env(FT_CACHE_DIR=cache))
+    assert table.returncode == 0, table.stderr
+    assert "every streamed delta" in table.stdout
+
+
+@pytest.mark.timeout(300)
+def test_bench_serve_reports_a_wrong_key_in_one_line(served):
+    server, _ = served
+    out = run_ft("bench", "serve", "--url", server.url, "--api-key", "wrong", "--prompts", "1")
+    assert out.returncode == 1
+    assert out.stderr.startswith("error:") and "401" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_workload_needs_a_server():
+    with pytest.raises(FtError, match="cannot reach"):
+        run_workload("http://127.0.0.1:9", prompts=1, max_tokens=1)
+
+
+def test_prompts_are_fixed_by_seed():
+    assert make_prompts(4, seed=1) == make_prompts(4, seed=1)
+    assert make_prompts(4, seed=1) != make_prompts(4, seed=2)
+    assert len(set(make_prompts(8))) == 8
+
+
+def test_counter_deltas_from_prometheus_text():
+    before = parse_metrics("# TYPE ft_decode_tokens counter\nft_decode_tokens_total 10\n")
+    after = parse_metrics(
+        "# TYPE ft_decode_tokens counter\nft_decode_tokens_total 25\n"
+        "# TYPE ft_requests_finished counter\n"
+        'ft_requests_finished_total{finish_reason="stop"} 2\n'
+        'ft_requests_finished_total{finish_reason="abort"} 1\n'
+        "# TYPE ft_requests_running gauge\nft_requests_running 1\n"
+    )
+    deltas = counter_deltas(before, after)
+    assert deltas == {"ft_decode_tokens_total": 15, "ft_requests_finished_total": 3}
+
+
+class _ByteTokenizer:
+    """One byte per token: multi-byte characters arrive in pieces, as with real BPE tokenizers."""
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_detokenizer_deltas_join_to_the_whole_text():
+    ids = list("naïve ☃ ok".encode())
+    detok = Detokenizer(_ByteTokenizer())
+    deltas = [detok.push(i, final=(k == len(ids) - 1)) for k, i in enumerate(ids)]
+    assert "".join(deltas) == "naïve ☃ ok"
+    assert all("\ufffd" not in d for d in deltas)
