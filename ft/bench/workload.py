@@ -18,6 +18,7 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from socket import IPPROTO_TCP, TCP_NODELAY
 from urllib.parse import urlparse
 
 import httpx
@@ -107,8 +108,10 @@ async def _run(base, n, max_tokens, concurrency, seed, api_key, model, ignore_eo
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = httpx.Timeout(timeout_s, connect=10.0)
     local = urlparse(base).hostname in ("127.0.0.1", "localhost", "::1")
+    # no Nagle: a small request write must not wait on the server's delayed ACK
+    transport = httpx.AsyncHTTPTransport(socket_options=[(IPPROTO_TCP, TCP_NODELAY, 1)])
     async with httpx.AsyncClient(
-        base_url=base, headers=headers, timeout=timeout, trust_env=not local
+        base_url=base, headers=headers, timeout=timeout, trust_env=not local, transport=transport
     ) as http:
         model = model or await _first_model(http)
         if ignore_eos is None:
