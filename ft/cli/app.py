@@ -70,10 +70,12 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, env, serve
+    from ft.cli import bench, env, generate, model, serve
 
     env.register(app)
     bench.register(app)
+    model.register(app)
+    generate.register(app)
     serve.register(app)
 
 
