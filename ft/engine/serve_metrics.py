@@ -34,6 +34,11 @@ ENGINE_COUNTERS = (
     ),
     ("ft_engine_steps", "steps", "Engine steps run."),
 )
+PER_STEP_GAUGES = (
+    ("ft_experts_fetched_per_step", "experts_fetched", "Experts copied into cache slots"),
+    ("ft_experts_cpu_per_step", "experts_cpu", "Experts computed by the CPU MoE pool"),
+    ("ft_experts_cpu_inline_per_step", "experts_cpu_inline", "Experts computed outside the pool"),
+)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, float("inf"))
 
 
@@ -47,11 +52,7 @@ class _EngineCollector(Collector):
         stats = self.worker.stats
         for name, field, doc in ENGINE_COUNTERS:
             yield CounterMetricFamily(name, doc, value=float(getattr(stats, field, 0) or 0))
-        yield _gauge(
-            "ft_decode_tokens_per_second",
-            "Engine decode tok/s over the last 10 s.",
-            self.worker.decode_rate(),
-        )
+        yield from self._window_gauges()
         yield _gauge(
             "ft_expert_cache_hit_rate",
             "Cache hits / (hits + misses), since start.",
@@ -63,6 +64,25 @@ class _EngineCollector(Collector):
             "Requests admitted but without a first token yet.",
             self.worker.num_waiting,
         )
+
+    def _window_gauges(self):
+        """Rates over the worker's last 10 s: decode tok/s, and experts per engine step."""
+        window = self.worker.window()
+        old, new = window if window else (None, None)
+        yield _gauge("ft_decode_tokens_per_second", "Engine decode tok/s over the last 10 s.",
+                     _ratio(old, new, "decode_tokens", "decode_time_s"))  # fmt: skip
+        for name, field, what in PER_STEP_GAUGES:
+            yield _gauge(name, f"{what} per engine step, over the last 10 s.",
+                         _ratio(old, new, field, "steps"))  # fmt: skip
+
+
+def _ratio(old: Any, new: Any, top: str, bottom: str) -> float:
+    """d(top) / d(bottom) between two stats snapshots; 0 without both or without change."""
+    if old is None or new is None:
+        return 0.0
+    d_bottom = float(getattr(new, bottom, 0) or 0) - float(getattr(old, bottom, 0) or 0)
+    d_top = float(getattr(new, top, 0) or 0) - float(getattr(old, top, 0) or 0)
+    return d_top / d_bottom if d_bottom > 0 else 0.0
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -23,7 +23,7 @@ from ft.log import get_logger
 log = get_logger("ft.serve")
 
 ENGINE_THREAD_NAME = "ft-engine"
-RATE_WINDOW_S = 10.0  # the decode tok/s gauge covers the engine's last 10 s of wall time
+RATE_WINDOW_S = 10.0  # the rate gauges of /metrics cover the last 10 s of wall time
 
 
 @dataclass(frozen=True)
@@ -97,13 +97,12 @@ class EngineWorker:
             self._inbox.put(("stop", None))
             self._thread.join(timeout_s)
 
-    def decode_rate(self) -> float:
-        """Engine decode tok/s over the last RATE_WINDOW_S seconds (0 when it did not decode)."""
+    def window(self) -> tuple[Any, Any] | None:
+        """(oldest, newest) stats snapshots of the last RATE_WINDOW_S seconds; None if idle."""
+        horizon = time.monotonic() - RATE_WINDOW_S
         with self._rate_lock:
-            if len(self._rate_points) < 2:
-                return 0.0
-            (_, tok0, dt0), (_, tok1, dt1) = self._rate_points[0], self._rate_points[-1]
-        return (tok1 - tok0) / (dt1 - dt0) if dt1 > dt0 else 0.0
+            recent = [stats for t, stats in self._rate_points if t >= horizon]
+        return (recent[0], recent[-1]) if len(recent) > 1 else None
 
     # -- engine thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -185,14 +184,11 @@ class EngineWorker:
     def _after_step(self) -> None:
         self.stats = self.engine.stats
         self._update_counts()
-        point = (time.monotonic(), self._stat("decode_tokens"), self._stat("decode_time_s"))
+        now = time.monotonic()
         with self._rate_lock:
-            self._rate_points.append(point)
-            while point[0] - self._rate_points[0][0] > RATE_WINDOW_S:
+            self._rate_points.append((now, self.stats))
+            while now - self._rate_points[0][0] > RATE_WINDOW_S:
                 self._rate_points.popleft()
-
-    def _stat(self, name: str) -> float:
-        return float(getattr(self.stats, name, 0) or 0)
 
     def _update_counts(self) -> None:
         running = sum(1 for h in self._live.values() if h.has_first_token)

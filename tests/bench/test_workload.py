@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -99,3 +100,27 @@ def test_detokenizer_deltas_join_to_the_whole_text():
     deltas = [detok.push(i, final=(k == len(ids) - 1)) for k, i in enumerate(ids)]
     assert "".join(deltas) == "naïve ☃ ok"
     assert all("\ufffd" not in d for d in deltas)
+
+
+@pytest.mark.timeout(300)
+def test_bench_serve_starts_and_stops_its_own_server(tmp_path_factory):
+    cache = str(tmp_path_factory.getbasetemp() / "ft-cache")
+    args = ("bench", "serve", "--prompts", "2", "--max-tokens", "4", "--json")
+    out = run_ft(*args, "--serve-args", "--max-num-seqs 1", env=ft_env(FT_CACHE_DIR=cache))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [r["tokens"] for r in data["requests"]] == [4, 4]
+    assert data["base_url"].startswith("http://127.0.0.1:")
+
+
+@pytest.mark.timeout(120)
+def test_serve_on_a_busy_port_is_a_one_line_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        out = run_ft("serve", "--port", str(busy.getsockname()[1]), timeout=60)
+    assert out.returncode == 1
+    assert (
+        out.stderr.startswith("error: cannot listen on 127.0.0.1:")
+        and "Traceback" not in out.stderr
+    )

@@ -223,6 +223,8 @@ def test_metrics_move_as_tokens_are_made(served):
     assert delta["ft_time_to_first_token_seconds_count"] == 1
     assert after["ft_decode_tokens_per_second"] > 0
     assert delta["ft_expert_cache_hits_total"] + delta["ft_expert_cache_misses_total"] > 0
+    assert delta["ft_experts_fetched_total"] > 0  # offload with a quarter of the experts cached
+    assert after["ft_experts_fetched_per_step"] > 0
     for name in ("ft_requests_running", "ft_requests_waiting", "ft_experts_fetched_total",
                  "ft_experts_cpu_total", "ft_experts_cpu_inline_total"):  # fmt: skip
         assert name in after
