@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +26,17 @@ log = get_logger("ft.serve")
 
 ENGINE_THREAD_NAME = "ft-engine"
 RATE_WINDOW_S = 10.0  # the rate gauges of /metrics cover the last 10 s of wall time
+
+
+def _name_os_thread(name: str) -> None:
+    """Name the thread for the kernel too (/proc/PID/task/TID/comm), so probes see the role."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # 15 = PR_SET_NAME
+    except (OSError, AttributeError):
+        pass  # a nicety for probes; the Python thread name is still set
 
 
 @dataclass(frozen=True)
@@ -105,12 +118,19 @@ class EngineWorker:
         return (recent[0], recent[-1]) if len(recent) > 1 else None
 
     # -- engine thread --------------------------------------------------------------------
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
-        while True:
-            if not self._drain_inbox(block=not self.engine.has_unfinished()):
-                break
-            if self.engine.has_unfinished():
-                self._step()
+        _name_os_thread(ENGINE_THREAD_NAME)
+        try:
+            while self._drain_inbox(block=not self.engine.has_unfinished()):
+                if self.engine.has_unfinished():
+                    self._step()
+        except BaseException:
+            log.exception("the engine thread failed; /health now answers 503")
+            self._close_all(None, error="the engine thread failed")
+            raise
         self._close_all("abort", error=None)
 
     def _drain_inbox(self, block: bool) -> bool:

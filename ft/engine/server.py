@@ -66,7 +66,7 @@ def build_app(engine: Any, worker: EngineWorker, metrics: ServerMetrics, api_key
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200)
+        return Response(status_code=200 if worker.is_alive() else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -74,6 +76,15 @@ def test_streamed_text_equals_ft_generate(served, tmp_path_factory):
     whole = client.post("/v1/completions", json={**body, "stream": False}).json()
     assert whole["choices"][0]["text"] == expected["text"]
     assert whole["usage"]["completion_tokens"] == len(expected["token_ids"])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_engine_runs_on_its_named_thread(served):
+    server, client = served
+    assert client.get("/health").status_code == 200
+    tasks = Path(f"/proc/{server.proc.pid}/task")
+    names = [(t / "comm").read_text().strip() for t in tasks.iterdir()]
+    assert names.count("ft-engine") == 1
 
 
 def test_chat_uses_the_documented_template(served):
