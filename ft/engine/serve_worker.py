@@ -28,6 +28,16 @@ ENGINE_THREAD_NAME = "ft-engine"
 RATE_WINDOW_S = 10.0  # the rate gauges of /metrics cover the last 10 s of wall time
 
 
+def _start_torch_team() -> None:
+    """Have torch start this thread's OpenMP worker team now (a parallel op does it)."""
+    try:
+        import torch
+
+        torch.ones(1 << 20).sum()
+    except Exception:
+        pass  # only the names of those threads are at stake
+
+
 def _name_os_thread(name: str) -> None:
     """Name the thread for the kernel too (/proc/PID/task/TID/comm), so probes see the role."""
     if sys.platform != "linux":
@@ -122,6 +132,7 @@ class EngineWorker:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        _start_torch_team()  # before the rename: torch's worker threads inherit the name
         _name_os_thread(ENGINE_THREAD_NAME)
         try:
             while self._drain_inbox(block=not self.engine.has_unfinished()):

@@ -84,7 +84,7 @@ def test_engine_runs_on_its_named_thread(served):
     assert client.get("/health").status_code == 200
     tasks = Path(f"/proc/{server.proc.pid}/task")
     names = [(t / "comm").read_text().strip() for t in tasks.iterdir()]
-    assert names.count("ft-engine") == 1
+    assert names.count("ft-engine") == 1, names
 
 
 def test_chat_uses_the_documented_template(served):
