@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -99,6 +105,7 @@ class ServerMetrics:
     """The server's registry (its own, not prometheus-client's global one)."""
 
     def __init__(self) -> None:
+        disable_created_metrics()  # no `_created` series: process-wide, and this is the server's
         self.registry = CollectorRegistry()
         self._ttft = Histogram(
             "ft_time_to_first_token_seconds",
