@@ -42,10 +42,13 @@ class ApiError(Exception):
 _ERROR_TYPES = {401: "authentication_error", 404: "invalid_request_error", 500: "server_error"}
 
 
-def error_response(status: int, message: str, param=None, code=None) -> JSONResponse:
+def error_body(status: int, message: str, param=None, code=None) -> dict:
     kind = _ERROR_TYPES.get(status, "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param=None, code=None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
 
 
 async def parse_body(request: Request, model: type[BaseModel]):
@@ -178,7 +181,10 @@ async def generate(svc: Service, request: Request, req, chat: bool) -> Response:
     svc.worker.submit(handle)
     if req.stream:
         body = _stream(svc, handle, shape, req.include_usage)
-        return _AbortOnClose(body, lambda: svc.worker.abort(handle), media_type="text/event-stream")
+        return _AbortOnClose(
+            body, lambda: svc.worker.abort(handle), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},  # no proxy buffering
+        )  # fmt: skip
     return await _whole(svc, request, handle, shape)
 
 
@@ -229,17 +235,7 @@ async def _stream(svc: Service, handle: RequestHandle, shape: ResponseShape, inc
     detok, n_out, first = Detokenizer(svc.engine.tokenizer), 0, True
     async for event in handle.events():
         if event.error is not None:
-            kind = "invalid_request_error" if event.error_status < 500 else "server_error"
-            yield _sse(
-                {
-                    "error": {
-                        "message": event.error,
-                        "type": kind,
-                        "param": None,
-                        "code": event.error_status,
-                    }
-                }
-            )
+            yield _sse(error_body(event.error_status, event.error))  # after a 200: in band
             break
         if event.token_id is not None:
             n_out += 1
