@@ -34,6 +34,12 @@ class _SamplingRequest(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False  # vLLM's extension: decode exactly max_tokens
+    stop: StrictStr | list[StrictStr] | None = Field(None, max_length=4)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return [s for s in stops if s]
 
     @property
     def include_usage(self) -> bool:
@@ -94,6 +100,37 @@ class Detokenizer:
             return ""
         delta, self.emitted = text[len(self.emitted) :], text
         return delta
+
+
+class TextStream:
+    """Detokenizer plus OpenAI `stop` strings: the text deltas that are safe to send.
+
+    The text stops before the first stop string (which is not returned); while the text ends
+    with the start of one, that tail is held back until the next token decides it.
+    """
+
+    def __init__(self, tokenizer: Any, stops: list[str]):
+        self.detok = Detokenizer(tokenizer)
+        self.stops = stops
+        self.sent = ""
+        self.stopped = False
+
+    def push(self, token_id: int | None, final: bool = False) -> str:
+        self.detok.push(token_id, final=final)
+        text = self.detok.emitted
+        hits = [i for i in (text.find(s, len(self.sent)) for s in self.stops) if i >= 0]
+        if hits:
+            text, self.stopped = text[: min(hits)], True
+        elif not final:
+            text = text[: len(text) - self._possible_stop_start(text)]
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+    def _possible_stop_start(self, text: str) -> int:
+        """Length of the longest tail of `text` that begins some stop string."""
+        return max(
+            (k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0
+        )
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

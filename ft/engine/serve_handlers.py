@@ -20,8 +20,8 @@ from starlette.datastructures import Headers
 from ft.engine.serve_api import (
     ChatRequest,
     CompletionRequest,
-    Detokenizer,
     ResponseShape,
+    TextStream,
     render_chat,
     usage,
 )
@@ -180,17 +180,17 @@ async def generate(svc: Service, request: Request, req, chat: bool) -> Response:
     shape = ResponseShape(chat, svc.model_name)
     svc.worker.submit(handle)
     if req.stream:
-        body = _stream(svc, handle, shape, req.include_usage)
+        body = _stream(svc, handle, shape, req)
         return _AbortOnClose(
             body, lambda: svc.worker.abort(handle), media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},  # no proxy buffering
         )  # fmt: skip
-    return await _whole(svc, request, handle, shape)
+    return await _whole(svc, request, handle, shape, req.stop_strings)
 
 
-async def _whole(svc: Service, request: Request, handle: RequestHandle, shape) -> Response:
+async def _whole(svc: Service, request: Request, handle: RequestHandle, shape, stops) -> Response:
     """Non-streaming: collect the whole output; abort it if the client goes away first."""
-    collect = asyncio.ensure_future(_collect(svc, handle))
+    collect = asyncio.ensure_future(_collect(svc, handle, stops))
     gone = asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -207,18 +207,19 @@ async def _whole(svc: Service, request: Request, handle: RequestHandle, shape) -
     return JSONResponse(shape.whole(text, reason, usage(len(handle.prompt_ids), n_out)))
 
 
-async def _collect(svc: Service, handle: RequestHandle):
-    detok, n_out = Detokenizer(svc.engine.tokenizer), 0
+async def _collect(svc: Service, handle: RequestHandle, stops: list[str]):
+    text, n_out = TextStream(svc.engine.tokenizer, stops), 0
     async for event in handle.events():
         if event.error is not None:
             return "", None, 0, (event.error_status, event.error)
-        if event.token_id is not None:
-            n_out += 1
-            detok.push(event.token_id)
+        n_out += event.token_id is not None
+        text.push(event.token_id, final=event.finished)
+        if text.stopped:
+            svc.worker.abort(handle)
+            return text.sent, "stop", n_out, None
         if event.finished:
-            detok.push(None, final=True)
-            return detok.emitted, event.finish_reason, n_out, None
-    return detok.emitted, None, n_out, None
+            return text.sent, event.finish_reason, n_out, None
+    return text.sent, None, n_out, None
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -230,23 +231,25 @@ def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-async def _stream(svc: Service, handle: RequestHandle, shape: ResponseShape, include_usage: bool):
+async def _stream(svc: Service, handle: RequestHandle, shape: ResponseShape, req):
     """One SSE chunk per token (its text delta may be empty), then usage if asked, then [DONE]."""
-    detok, n_out, first = Detokenizer(svc.engine.tokenizer), 0, True
+    text, n_out, first = TextStream(svc.engine.tokenizer, req.stop_strings), 0, True
     async for event in handle.events():
         if event.error is not None:
             yield _sse(error_body(event.error_status, event.error))  # after a 200: in band
             break
-        if event.token_id is not None:
-            n_out += 1
-        delta = detok.push(event.token_id, final=event.finished)
-        if event.token_id is not None or event.finished:
-            reason = event.finish_reason if event.finished else None
+        n_out += event.token_id is not None
+        delta = text.push(event.token_id, final=event.finished)
+        reason = "stop" if text.stopped else event.finish_reason if event.finished else None
+        if event.token_id is not None or reason is not None:
             chunk = shape.chunk(delta, reason, first=first)
-            if include_usage:
+            if req.include_usage:
                 chunk["usage"] = None
             yield _sse(chunk)
             first = False
-    if include_usage:
+        if text.stopped:
+            svc.worker.abort(handle)
+            break
+    if req.include_usage:
         yield _sse(shape.usage_chunk(usage(len(handle.prompt_ids), n_out)))
     yield "data: [DONE]\n\n"

@@ -9,7 +9,7 @@ import pytest
 
 from ft.bench.metrics_text import counter_deltas, parse_metrics
 from ft.bench.workload import make_prompts, run_workload
-from ft.engine.serve_api import Detokenizer
+from ft.engine.serve_api import Detokenizer, TextStream
 from ft.errors import FtError
 from tests.conftest import ft_env, run_ft
 from tests.engine.serving import API_KEY, running_server
@@ -124,3 +124,24 @@ def test_serve_on_a_busy_port_is_a_one_line_error():
         out.stderr.startswith("error: cannot listen on 127.0.0.1:")
         and "Traceback" not in out.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("stops", "expected"),
+    [
+        (["☃"], "naïve "),
+        (["ve ", "zz"], "naï"),
+        (["o", "ok"], "naïve ☃ "),
+        (["nope"], "naïve ☃ ok"),
+    ],
+)
+def test_text_stream_stops_before_the_stop_string(stops, expected):
+    ids = list("naïve ☃ ok".encode())
+    stream = TextStream(_ByteTokenizer(), stops)
+    deltas = []
+    for k, token in enumerate(ids):
+        deltas.append(stream.push(token, final=(k == len(ids) - 1)))
+        if stream.stopped:
+            break
+    assert "".join(deltas) == expected
+    assert stream.stopped == (expected != "naïve ☃ ok")

@@ -241,3 +241,23 @@ def test_metrics_move_as_tokens_are_made(served):
     for name in ("ft_requests_running", "ft_requests_waiting", "ft_experts_fetched_total",
                  "ft_experts_cpu_total", "ft_experts_cpu_inline_total"):  # fmt: skip
         assert name in after
+
+
+def test_stop_strings_end_the_text_before_them(served):
+    _, client = served
+    body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0.0, "ignore_eos": True}
+    greedy = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    k = next(
+        k for k in range(2, len(greedy) - 2)
+        if "\ufffd" not in greedy[k : k + 2] and greedy.find(greedy[k : k + 2]) == k
+    )  # fmt: skip
+    stop = greedy[k : k + 2]
+    whole = client.post("/v1/completions", json={**body, "stop": [stop, "never-seen"]}).json()
+    assert whole["choices"][0] == {
+        **whole["choices"][0],
+        "text": greedy[:k],
+        "finish_reason": "stop",
+    }
+    chunks, raw = _stream(client, "/v1/completions", {**body, "stop": stop})
+    assert _text(chunks) == greedy[:k] and raw[-1] == "[DONE]"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
