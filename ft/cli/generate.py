@@ -76,13 +76,18 @@ def run_one(engine, prompt_ids: list[int], params) -> dict:
     """Drive the engine for one request; -> the `--json` object."""
     start = time.perf_counter()
     engine.add_request(prompt_ids, params)
-    tokens, ttft, reason = [], None, None
+    tokens, ttft, reason, after_prefill = [], None, None, None
     while engine.has_unfinished():
         for out in engine.step():
             ttft = ttft if ttft is not None else time.perf_counter() - start
             tokens.append(out.token_id)
             reason = out.finish_reason
+        after_prefill = after_prefill or engine.stats
     stats = engine.stats
+    decode = {
+        f"decode_{k}": getattr(stats, k) - getattr(after_prefill, k)
+        for k in ("cache_hits", "cache_misses", "bytes_fetched")
+    }  # the steady state, without the prompt's cold misses
     return {
         "model": engine.model_name, "prompt_tokens": len(prompt_ids), "token_ids": tokens,
         "text": engine.tokenizer.decode(tokens), "finish_reason": reason,
@@ -90,6 +95,7 @@ def run_one(engine, prompt_ids: list[int], params) -> dict:
         "cache_hits": stats.cache_hits, "cache_misses": stats.cache_misses,
         "experts_fetched": stats.experts_fetched, "bytes_fetched": stats.bytes_fetched,
         "expert_uses": stats.expert_uses, "moe_strategy": engine.config.moe_strategy,
+        "moe_cache_size": engine.moe_cache_size, "decode_tokens": stats.decode_tokens, **decode,
     }  # fmt: skip
 
 

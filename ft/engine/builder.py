@@ -11,11 +11,12 @@ from ft.engine.config import EngineConfig, ModelConfig
 from ft.engine.loader import CheckpointReader, load_dense, load_experts
 from ft.engine.memory import (
     GIB,
+    cap_device_memory,
     check_resident_fits,
     memory_budget,
     resolve_cache_size,
     tensor_bytes,
-)  # fmt: skip
+)
 from ft.engine.model import MoeModel
 from ft.engine.strategies import MoeStrategy, build_strategy
 from ft.engine.tokenizer import load_tokenizer
@@ -35,6 +36,7 @@ class EngineParts:
     tokenizer: object
     max_model_len: int
     num_slots: int  # sequences the KV cache holds at once
+    cache_size: int | None  # expert cache slots (offload); None when resident
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -43,6 +45,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     dtype = DTYPES[config.dtype]
     budget = memory_budget(config)
     log.info(f"Free memory before loading model: {budget / GIB:.2f} GiB")
+    cap_device_memory(config)
     reader = CheckpointReader(config.model)
     weights = load_dense(reader, cfg, config.device, dtype)
     store = load_experts(reader, cfg, dtype)
@@ -51,7 +54,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, dtype
     )
     used = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values()) + kv_bytes
-    strategy = _strategy(config, store, budget, used)
+    strategy, cache_size = _strategy(config, store, budget, used)
     log.info(f"MoE experts: {config.expert_format} via torch")
     kv = KVCache(
         cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, config.device
@@ -59,7 +62,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, config.device)
     model = MoeModel(cfg, weights, strategy, kv, rope)
     tokenizer = load_tokenizer(config.model, cfg.eos_token_id)
-    return EngineParts(cfg, model, strategy, tokenizer, max_len, slots)
+    return EngineParts(cfg, model, strategy, tokenizer, max_len, slots, cache_size)
 
 
 def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
@@ -69,17 +72,23 @@ def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
         raise FtError(
             f"max_model_len {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
         )
+    if cfg.sliding_window and max_len > cfg.sliding_window:
+        log.warning(
+            f"max_model_len {max_len} capped to the model's sliding_window {cfg.sliding_window}"
+        )
+        max_len = cfg.sliding_window  # within the window, full attention is the same thing
     if config.kv_reserve_tokens is None:
         return max_len, config.max_num_seqs
     max_len = min(max_len, config.kv_reserve_tokens)
     return max_len, min(config.max_num_seqs, config.kv_reserve_tokens // max_len)
 
 
-def _strategy(config: EngineConfig, store, budget: int, used: int) -> MoeStrategy:
+def _strategy(config: EngineConfig, store, budget: int, used: int):
+    """-> (strategy, expert cache slots or None)."""
     if config.moe_strategy == "resident":
         check_resident_fits(config, store, budget, used)
-        return build_strategy(config, store)
+        return build_strategy(config, store), None
     size, rate = resolve_cache_size(config, store, budget, used)
     if config.moe_cache_size is None and config.moe_cache_rate is None:
         log.info(f"--moe-cache-auto resolved moe_cache_size={size} (rate {rate:.3f})")
-    return build_strategy(config, store, cache_size=size)
+    return build_strategy(config, store, cache_size=size), size

@@ -41,6 +41,7 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = ()
     eos_token_id: int | None = None
     torch_dtype: str = "bfloat16"
+    sliding_window: int | None = None  # the engine caps max_model_len here (no windowed attention)
 
     @property
     def qk_norm(self) -> bool:
@@ -90,7 +91,7 @@ def _model_type(raw: dict) -> str:
     for arch in archs:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
-    if raw.get("model_type") in ARCHITECTURES.values():
+    if not archs and raw.get("model_type") in ARCHITECTURES.values():
         return raw["model_type"]
     known = ", ".join(ARCHITECTURES)
     name = ",".join(archs) or raw.get("model_type") or "none"
@@ -134,7 +135,15 @@ def _parse(raw: dict, model_type: str) -> ModelConfig:
         mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()) if qwen else (),
         eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
         torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"),
+        sliding_window=_sliding_window(raw, qwen),
     )
+
+
+def _sliding_window(raw: dict, qwen: bool) -> int | None:
+    if qwen and not raw.get("use_sliding_window", False):
+        return None
+    window = raw.get("sliding_window")
+    return int(window) if window else None
 
 
 @dataclass(frozen=True)

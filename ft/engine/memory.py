@@ -28,6 +28,14 @@ def memory_budget(config: EngineConfig) -> int:
     return free
 
 
+def cap_device_memory(config: EngineConfig) -> None:
+    """Make --gpu-memory-limit binding on CUDA: allocations past it fail as on a small card."""
+    if config.device != "cuda" or config.gpu_memory_limit is None:
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_limit * GIB / total))
+
+
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 

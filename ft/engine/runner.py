@@ -57,6 +57,7 @@ class LLMEngine:
         )
         self.tokenizer = parts.tokenizer
         self.max_model_len = parts.max_model_len
+        self.moe_cache_size = parts.cache_size  # device expert slots; None when resident
         self.model_name = Path(config.model).resolve().name
         self.device = torch.device(config.device)
         self.scheduler = Scheduler(parts.num_slots, self.max_model_len, self.tokenizer.eos_token_id)

@@ -23,14 +23,15 @@ def group_by_expert(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_expe
     top_k = topk_ids.shape[1]
     flat = topk_ids.flatten()  # [T*K]
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()  # the one host sync per layer
+    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)  # [A] each
+    experts, counts = torch.stack((experts, counts)).tolist()  # the one host sync per layer
     tokens, weights = order // top_k, topk_weights.flatten()[order]
     groups, start = [], 0
-    for expert, count in enumerate(counts):
-        if count:
-            end = start + count
-            groups.append(ExpertGroup(expert, tokens[start:end], weights[start:end]))
-            start = end
+    for expert, count in zip(experts, counts, strict=True):
+        groups.append(
+            ExpertGroup(expert, tokens[start : start + count], weights[start : start + count])
+        )
+        start += count
     return groups
 
 
