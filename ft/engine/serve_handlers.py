@@ -39,11 +39,11 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
-_ERROR_TYPES = {401: "authentication_error", 404: "invalid_request_error", 500: "server_error"}
+_ERROR_TYPES = {401: "authentication_error"}  # else invalid_request_error, 5xx server_error
 
 
 def error_body(status: int, message: str, param=None, code=None) -> dict:
-    kind = _ERROR_TYPES.get(status, "invalid_request_error")
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 

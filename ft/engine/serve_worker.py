@@ -103,19 +103,24 @@ class EngineWorker:
         self.stats = engine.stats  # last snapshot, replaced after every step
         self.num_running = 0
         self.num_waiting = 0
+        self._stopping = False
 
     # -- any thread -----------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, handle: RequestHandle) -> None:
-        self._inbox.put(("add", handle))
+        if self._stopping:
+            self._fail(handle, "the server is shutting down", status=503)
+        else:
+            self._inbox.put(("add", handle))
 
     def abort(self, handle: RequestHandle) -> None:
         if not handle.closed:
             self._inbox.put(("abort", handle))
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        self._stopping = True
         if self._thread.is_alive():
             self._inbox.put(("stop", None))
             self._thread.join(timeout_s)
@@ -127,10 +132,10 @@ class EngineWorker:
             recent = [stats for t, stats in self._rate_points if t >= horizon]
         return (recent[0], recent[-1]) if len(recent) > 1 else None
 
-    # -- engine thread --------------------------------------------------------------------
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    # -- engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         _start_torch_team()  # before the rename: torch's worker threads inherit the name
         _name_os_thread(ENGINE_THREAD_NAME)
@@ -142,7 +147,20 @@ class EngineWorker:
             log.exception("the engine thread failed; /health now answers 503")
             self._close_all(None, error="the engine thread failed")
             raise
+        finally:
+            self._stopping = True
+            self._refuse_queued()
         self._close_all("abort", error=None)
+
+    def _refuse_queued(self) -> None:
+        """Requests that reached the inbox after the stop get a 503, never silence."""
+        while True:
+            try:
+                command, handle = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if command == "add":
+                self._fail(handle, "the server is shutting down", status=503)
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued commands; block for the first when idle. False once asked to stop."""
