@@ -145,3 +145,60 @@ def test_text_stream_stops_before_the_stop_string(stops, expected):
             break
     assert "".join(deltas) == expected
     assert stream.stopped == (expected != "naïve ☃ ok")
+
+
+def _plain_openai_app():
+    """A minimal OpenAI-style server: no ignore_eos, no usage, no /metrics (like many are)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def models(_request):
+        return JSONResponse({"object": "list", "data": [{"id": "plain", "object": "model"}]})
+
+    async def completions(request):
+        body = await request.json()
+        if "ignore_eos" in body:
+            error = {"message": "Unrecognized request argument supplied: ignore_eos"}
+            return JSONResponse({"error": error}, status_code=400)
+        if not body.get("stream"):
+            return JSONResponse({"choices": [{"text": "xx", "finish_reason": "length"}]})
+
+        async def chunks():
+            for _ in range(body["max_tokens"]):
+                yield 'data: {"choices": [{"text": "x", "finish_reason": null}]}\n\n'
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    routes = [Route("/v1/models", models), Route("/v1/completions", completions, methods=["POST"])]
+    return Starlette(routes=routes)
+
+
+@pytest.fixture
+def plain_server():
+    import threading
+    import time
+
+    import uvicorn
+
+    config = uvicorn.Config(_plain_openai_app(), host="127.0.0.1", port=0, log_level="error")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_workload_works_with_a_plain_openai_server(plain_server):
+    res = run_workload(plain_server, prompts=2, max_tokens=5, concurrency=2)
+    assert res.model == "plain" and not res.ignore_eos
+    assert [r.tokens for r in res.requests] == [5, 5]  # counted from the deltas
+    assert res.e2e_decode_tok_s > 0
+    assert res.engine_decode_tok_s is None and res.engine_counters == {}
