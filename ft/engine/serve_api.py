@@ -83,22 +83,39 @@ def new_id(prefix: str) -> str:
 class Detokenizer:
     """Turns a stream of token ids into text deltas whose concatenation is decode(all ids).
 
-    Decodes the whole output each time (exact, and cheap next to a decode step); a delta that
-    ends in an incomplete UTF-8 sequence is held back until the next token completes it.
+    Per token it decodes only a short window (the ids since the last clean boundary), as vLLM
+    does, so a long output costs the event loop, and the GIL the engine thread needs, O(1) per
+    token rather than O(length). A delta ending in an incomplete UTF-8 sequence is held back
+    until a later token completes it; the last push checks against one full decode.
     """
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.emitted = ""
+        self._prefix = 0  # window start: a clean boundary (the text before it is final)
+        self._read = 0  # ids up to here are in `emitted`
 
     def push(self, token_id: int | None, final: bool = False) -> str:
         if token_id is not None:
             self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
-        if not text.startswith(self.emitted) or (text.endswith("\ufffd") and not final):
+        if final:
+            return self._flush()
+        before = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        after = self.tokenizer.decode(self.ids[self._prefix :])
+        if after.endswith("\ufffd") or not after.startswith(before) or len(after) == len(before):
             return ""
+        delta = after[len(before) :]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.emitted += delta
+        return delta
+
+    def _flush(self) -> str:
+        text = self.tokenizer.decode(self.ids)
+        if not text.startswith(self.emitted):
+            return ""  # the windows disagreed with the whole (never seen); keep what was sent
         delta, self.emitted = text[len(self.emitted) :], text
+        self._prefix = self._read = len(self.ids)
         return delta
 
 

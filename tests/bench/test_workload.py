@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 from ft.bench.metrics_text import counter_deltas, parse_metrics
 from ft.bench.workload import make_prompts, run_workload
-from ft.engine.serve_api import Detokenizer, TextStream
 from ft.errors import FtError
 from tests.conftest import ft_env, run_ft
 from tests.engine.serving import API_KEY, running_server
@@ -87,66 +85,6 @@ def test_counter_deltas_from_prometheus_text():
     assert deltas == {"ft_decode_tokens_total": 15, "ft_requests_finished_total": 3}
 
 
-class _ByteTokenizer:
-    """One byte per token: multi-byte characters arrive in pieces, as with real BPE tokenizers."""
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
-
-
-def test_detokenizer_deltas_join_to_the_whole_text():
-    ids = list("naïve ☃ ok".encode())
-    detok = Detokenizer(_ByteTokenizer())
-    deltas = [detok.push(i, final=(k == len(ids) - 1)) for k, i in enumerate(ids)]
-    assert "".join(deltas) == "naïve ☃ ok"
-    assert all("\ufffd" not in d for d in deltas)
-
-
-@pytest.mark.timeout(300)
-def test_bench_serve_starts_and_stops_its_own_server(tmp_path_factory):
-    cache = str(tmp_path_factory.getbasetemp() / "ft-cache")
-    args = ("bench", "serve", "--prompts", "2", "--max-tokens", "4", "--json")
-    out = run_ft(*args, "--serve-args", "--max-num-seqs 1", env=ft_env(FT_CACHE_DIR=cache))
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
-    assert [r["tokens"] for r in data["requests"]] == [4, 4]
-    assert data["base_url"].startswith("http://127.0.0.1:")
-
-
-@pytest.mark.timeout(120)
-def test_serve_on_a_busy_port_is_a_one_line_error():
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        out = run_ft("serve", "--port", str(busy.getsockname()[1]), timeout=60)
-    assert out.returncode == 1
-    assert (
-        out.stderr.startswith("error: cannot listen on 127.0.0.1:")
-        and "Traceback" not in out.stderr
-    )
-
-
-@pytest.mark.parametrize(
-    ("stops", "expected"),
-    [
-        (["☃"], "naïve "),
-        (["ve ", "zz"], "naï"),
-        (["o", "ok"], "naïve ☃ "),
-        (["nope"], "naïve ☃ ok"),
-    ],
-)
-def test_text_stream_stops_before_the_stop_string(stops, expected):
-    ids = list("naïve ☃ ok".encode())
-    stream = TextStream(_ByteTokenizer(), stops)
-    deltas = []
-    for k, token in enumerate(ids):
-        deltas.append(stream.push(token, final=(k == len(ids) - 1)))
-        if stream.stopped:
-            break
-    assert "".join(deltas) == expected
-    assert stream.stopped == (expected != "naïve ☃ ok")
-
-
 def _plain_openai_app():
     """A minimal OpenAI-style server: no ignore_eos, no usage, no /metrics (like many are)."""
     from starlette.applications import Starlette
@@ -202,3 +140,14 @@ def test_workload_works_with_a_plain_openai_server(plain_server):
     assert [r.tokens for r in res.requests] == [5, 5]  # counted from the deltas
     assert res.e2e_decode_tok_s > 0
     assert res.engine_decode_tok_s is None and res.engine_counters == {}
+
+
+@pytest.mark.timeout(300)
+def test_bench_serve_starts_and_stops_its_own_server(tmp_path_factory):
+    cache = str(tmp_path_factory.getbasetemp() / "ft-cache")
+    args = ("bench", "serve", "--prompts", "2", "--max-tokens", "4", "--json")
+    out = run_ft(*args, "--serve-args", "--max-num-seqs 1", env=ft_env(FT_CACHE_DIR=cache))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [r["tokens"] for r in data["requests"]] == [4, 4]
+    assert data["base_url"].startswith("http://127.0.0.1:")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import time
 from pathlib import Path
@@ -261,3 +262,16 @@ def test_stop_strings_end_the_text_before_them(served):
     chunks, raw = _stream(client, "/v1/completions", {**body, "stop": stop})
     assert _text(chunks) == greedy[:k] and raw[-1] == "[DONE]"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.timeout(120)
+def test_serve_on_a_busy_port_is_a_one_line_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        out = run_ft("serve", "--port", str(busy.getsockname()[1]), timeout=60)
+    assert out.returncode == 1
+    assert (
+        out.stderr.startswith("error: cannot listen on 127.0.0.1:")
+        and "Traceback" not in out.stderr
+    )
