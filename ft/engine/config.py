@@ -169,11 +169,12 @@ class EngineConfig:
         object.__setattr__(self, "device", _resolve_device(self.device))
         default_dtype = "bfloat16" if self.device == "cuda" else "float32"
         object.__setattr__(self, "dtype", self.dtype or default_dtype)
-        _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("expert_format", self.expert_format, EXPERT_FORMATS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("expert_format", self.expert_format, EXPERT_FORMATS)
         _check_strategy(self.moe_strategy)
         self._check_numbers()
         self._check_cache_flags()
+        self._check_cache_fits_model()
 
     def _check_numbers(self) -> None:
         for name in ("moe_cache_size", "kv_reserve_tokens", "max_model_len"):
@@ -199,6 +200,16 @@ class EngineConfig:
         if any(given) and self.moe_strategy == "resident":
             raise FtError("--moe-cache-* needs an offloading --moe-strategy (not 'resident')")
 
+    def _check_cache_fits_model(self) -> None:
+        """A cache larger than the model's expert count is a mistake; say so before loading."""
+        if self.moe_cache_size is None or not (Path(self.model) / "config.json").is_file():
+            return
+        total = ModelConfig.from_dir(self.model).total_experts
+        if self.moe_cache_size > total:
+            raise FtError(
+                f"moe_cache_size {self.moe_cache_size} is larger than the expert count {total}"
+            )
+
     def describe(self) -> str:
         """The body of the `Resolved config:` log line."""
         shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "extra"]
@@ -212,13 +223,13 @@ def _resolve_device(device: str | None) -> str:
 
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    _check_choice("device", device, ("cpu", "cuda"))
+    check_choice("device", device, ("cpu", "cuda"))
     if device == "cuda" and not torch.cuda.is_available():
         raise FtError("device 'cuda' requested but torch sees no CUDA GPU")
     return device
 
 
-def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise FtError(f"unknown {name} {value!r} (choose from {', '.join(allowed)})")
 
@@ -228,45 +239,4 @@ def _check_strategy(name: str) -> None:
         raise FtError(
             f"moe_strategy {name!r} is not available in this build (use resident or offload)"
         )
-    _check_choice("moe_strategy", name, STRATEGIES)
-
-
-# Synthetic checkpoint shapes (`ft model synth --preset NAME`), as Hugging Face config.json fields.
-PRESETS: dict[str, dict] = {
-    "tiny": dict(
-        hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
-        intermediate_size=128, vocab_size=512, max_position_embeddings=2048,
-    ),
-    "qwen3-30b-a3b": dict(
-        hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-        head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
-        intermediate_size=6144, vocab_size=151936, max_position_embeddings=40960,
-    ),
-    "seed-next": dict(
-        hidden_size=2560, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-        head_dim=128, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=640,
-        intermediate_size=5120, vocab_size=151936, max_position_embeddings=65536,
-    ),
-}  # fmt: skip
-
-
-def preset_hf_config(name: str, layers: int | None, experts: int | None, dtype: str) -> dict:
-    """config.json for a named preset (Qwen3-MoE), with optional overrides."""
-    if name not in PRESETS:
-        raise FtError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
-    _check_choice("dtype", dtype, DTYPES)
-    shape = dict(PRESETS[name])
-    if layers is not None:
-        shape["num_hidden_layers"] = layers
-    if experts is not None:
-        shape["num_experts"] = experts
-    if shape["num_hidden_layers"] < 1 or shape["num_experts"] < shape["num_experts_per_tok"]:
-        raise FtError("need at least 1 layer and at least top_k experts")
-    return {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **shape,
-        "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "hidden_act": "silu", "attention_bias": False, "decoder_sparse_step": 1,
-        "mlp_only_layers": [], "tie_word_embeddings": False, "dtype": dtype,
-        "use_sliding_window": False, "sliding_window": None,
-    }  # fmt: skip
+    check_choice("moe_strategy", name, STRATEGIES)

@@ -14,7 +14,7 @@ from ft.engine.attention import Batch, Rope, attend
 from ft.engine.config import ModelConfig
 
 # short name -> HF name under `model.layers.{i}.`
-_LAYER_TENSORS = {
+LAYER_TENSORS = {
     "ln1": "input_layernorm.weight", "ln2": "post_attention_layernorm.weight",
     "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight",
     "v": "self_attn.v_proj.weight", "o": "self_attn.o_proj.weight",
@@ -44,9 +44,7 @@ def route(cfg: ModelConfig, router: torch.Tensor, x: torch.Tensor):
 def layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
     prefix = f"model.layers.{layer}."
     return {
-        short: weights[prefix + hf]
-        for short, hf in _LAYER_TENSORS.items()
-        if prefix + hf in weights
+        short: weights[prefix + hf] for short, hf in LAYER_TENSORS.items() if prefix + hf in weights
     }
 
 

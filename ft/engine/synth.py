@@ -20,9 +20,11 @@ from pathlib import Path
 import torch
 
 from ft.engine.attention import Batch, Rope, Span
-from ft.engine.config import ModelConfig, preset_hf_config
+from ft.engine.config import ModelConfig
 from ft.engine.experts.dispatch import add_expert, group_by_expert
-from ft.engine.model import _LAYER_TENSORS, DecoderLayer, rms_norm
+from ft.engine.model import LAYER_TENSORS, DecoderLayer, rms_norm
+from ft.engine.presets import preset_hf_config
+from ft.engine.shards import ShardWriter, shard_bytes
 from ft.engine.synth_tokenizer import build_tokenizer, save_tokenizer
 from ft.errors import FtError
 
@@ -131,7 +133,7 @@ def _make_layer(cfg: ModelConfig, layer: int, h, gen, writer, dtype):
 
 
 def _store(writer, layer: int, short: str, tensor, dtype) -> torch.Tensor:
-    return writer.add(f"model.layers.{layer}.{_LAYER_TENSORS[short]}", tensor, dtype)
+    return writer.add(f"model.layers.{layer}.{LAYER_TENSORS[short]}", tensor, dtype)
 
 
 def draw_router(cfg: ModelConfig, x: torch.Tensor, gen) -> torch.Tensor:
@@ -212,54 +214,6 @@ def measure_routing(routes: list[torch.Tensor], cfg: ModelConfig) -> RoutingStat
         reuse.append(same.float().mean().item())
     n = len(routes)
     return RoutingStats(sum(shares) / n, sum(reuse) / n, K / E, SAMPLE_SEQS * SAMPLE_LEN, n)
-
-
-def shard_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Shards of at most 2 GiB; small models still get a few shards (the index is exercised)."""
-    per_layer = cfg.num_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size
-    total = (per_layer * cfg.num_layers + 2 * cfg.vocab_size * cfg.hidden_size) * dtype.itemsize
-    return max(1, min(2 << 30, total // 3))
-
-
-class ShardWriter:
-    """Buffers tensors and writes a safetensors shard whenever the buffer passes the limit."""
-
-    def __init__(self, out: Path, limit: int):
-        self.out, self.limit = out, limit
-        self.buffer: dict[str, torch.Tensor] = {}
-        self.size, self.files, self.where = 0, [], {}
-
-    def add(self, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Store `name` in the checkpoint's dtype; -> the stored values, as float32."""
-        stored = tensor.to(dtype).contiguous()
-        self.buffer[name] = stored
-        self.size += stored.numel() * stored.element_size()
-        if self.size >= self.limit:
-            self._flush()
-        return stored.float()
-
-    def _flush(self) -> None:
-        from safetensors.torch import save_file
-
-        if not self.buffer:
-            return
-        path = self.out / f"shard-{len(self.files):05d}.tmp"
-        save_file(self.buffer, str(path), metadata={"format": "pt"})
-        self.files.append(path)
-        self.where.update({name: path for name in self.buffer})
-        self.buffer, self.size = {}, 0
-
-    def finish(self) -> None:
-        """Name the shards model-0000k-of-0000N.safetensors and write the index."""
-        self._flush()
-        n, names = len(self.files), {}
-        for k, path in enumerate(self.files, 1):
-            names[path] = f"model-{k:05d}-of-{n:05d}.safetensors"
-            path.rename(self.out / names[path])
-        total = sum((self.out / f).stat().st_size for f in names.values())
-        index = {"metadata": {"total_size": total}, "weight_map": {}}
-        index["weight_map"] = {name: names[p] for name, p in sorted(self.where.items())}
-        (self.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def builtin_tiny() -> Path:

@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ft.cli.app import app
-from ft.engine.synth import ShardWriter, synth_checkpoint
+from ft.engine.shards import ShardWriter
+from ft.engine.synth import synth_checkpoint
 from ft.errors import FtError
 
 
