@@ -96,7 +96,7 @@ class EngineWorker:
         self.engine = engine
         self.metrics = metrics  # ServerMetrics: observe_ttft, count_token, count_finished
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._live: dict[int, RequestHandle] = {}  # id(handle) -> handle, engine thread only
+        self._live: dict[int, RequestHandle] = {}  # seq_id -> handle, engine thread only
         self._thread = threading.Thread(target=self._run, name=ENGINE_THREAD_NAME, daemon=True)
         self._rate_lock = threading.Lock()
         self._rate_points: collections.deque = collections.deque()
@@ -188,10 +188,10 @@ class EngineWorker:
             log.exception("engine.add_request failed")
             self._fail(handle, f"engine error: {exc}", status=500)
             return
-        self._live[id(handle)] = handle
+        self._live[handle.seq_id] = handle
 
     def _abort(self, handle: RequestHandle) -> None:
-        if self._live.pop(id(handle), None) is None:
+        if handle.seq_id is None or self._live.pop(handle.seq_id, None) is None:
             return  # already finished
         handle.closed = True
         try:
@@ -209,26 +209,29 @@ class EngineWorker:
             log.exception("engine.step failed; failing the requests in flight")
             self._close_all(None, error=f"engine error: {exc}")
             return
-        by_seq = {h.seq_id: h for h in self._live.values()}
         for out in outputs:
-            handle = by_seq.get(out.seq_id)
+            handle = self._live.get(out.seq_id)
             if handle is not None:
                 self._deliver(handle, out)
         self._after_step()
 
     def _deliver(self, handle: RequestHandle, out: Any) -> None:
-        if not handle.has_first_token:
-            handle.has_first_token = True
-            if self.metrics is not None:
-                self.metrics.observe_ttft(time.perf_counter() - handle.submitted_at)
+        if out.token_id is not None:
+            self._count_token(handle)
         if out.finished:
             handle.closed = True
-            self._live.pop(id(handle), None)
-        if self.metrics is not None:
-            self.metrics.count_token()
-            if out.finished:
+            self._live.pop(out.seq_id, None)
+            if self.metrics is not None:
                 self.metrics.count_finished(out.finish_reason or "stop")
         handle.push(TokenEvent(out.token_id, out.finished, out.finish_reason))
+
+    def _count_token(self, handle: RequestHandle) -> None:
+        first, handle.has_first_token = not handle.has_first_token, True
+        if self.metrics is None:
+            return
+        if first:
+            self.metrics.observe_ttft(time.perf_counter() - handle.submitted_at)
+        self.metrics.count_token()
 
     def _after_step(self) -> None:
         self.stats = self.engine.stats
