@@ -41,6 +41,16 @@ class _SamplingRequest(BaseModel):
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         return [s for s in stops if s]
 
+    logprobs: StrictBool | StrictInt | None = None  # an int for completions, a bool for chat
+    top_logprobs: StrictInt | None = None
+
+    def unsupported(self) -> str | None:
+        """The first field set to something this server does not do (it would be ignored)."""
+        wanted = {"logprobs": self.logprobs, "top_logprobs": self.top_logprobs}
+        wanted |= {"echo": getattr(self, "echo", None)}
+        wanted |= {"best_of": (getattr(self, "best_of", None) or 1) > 1}
+        return next((name for name, value in wanted.items() if value), None)
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -48,6 +58,8 @@ class _SamplingRequest(BaseModel):
 
 class CompletionRequest(_SamplingRequest):
     prompt: StrictStr | list[StrictInt] | list[StrictStr]
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = None
 
 
 class _TextPart(BaseModel):

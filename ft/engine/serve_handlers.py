@@ -174,6 +174,8 @@ def _sampling_params(req, max_tokens: int):
 
 async def generate(svc: Service, request: Request, req, chat: bool) -> Response:
     svc.check_model(req.model)
+    if (field := req.unsupported()) is not None:
+        raise ApiError(400, f"'{field}' is not supported by ft serve.", field, "unsupported")
     ids = svc.prompt_ids(req)
     params = _sampling_params(req, svc.max_tokens(req, len(ids)))
     handle = RequestHandle(ids, params, asyncio.get_running_loop())

@@ -180,6 +180,8 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "word " * 20_000, "max_tokens": 1}, 400),  # prompt too long
     ("/v1/completions", {"prompt": [1, 2, 10**9]}, 400),  # token id out of the vocabulary
     ("/v1/completions", {"prompt": "x", "temperature": -1.0}, 400),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400),  # not done: refused, not ignored
+    ("/v1/completions", {"prompt": "x", "n": 2}, 400),
     ("/v1/chat/completions", {"messages": []}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400),
     ("/v1/chat/completions", {"messages": "hello"}, 400),
