@@ -45,6 +45,7 @@ def make_prompts(n: int, seed: int = 0) -> list[str]:
 @dataclass(frozen=True)
 class RequestResult:
     index: int
+    prompt_tokens: int | None  # the server's usage count, where it sends one
     tokens: int  # completion tokens: the server's usage count, else the number of deltas
     deltas: int  # streamed chunks that carried a choice
     ttft_s: float | None
@@ -221,6 +222,7 @@ def _request_result(index, sent, stamps, pieces, state) -> RequestResult:
     rate = (tokens - 1) / span if span and tokens > 1 else None
     return RequestResult(
         index=index,
+        prompt_tokens=usage.get("prompt_tokens"),
         tokens=tokens,
         deltas=len(stamps),
         ttft_s=stamps[0] - sent if stamps else None,

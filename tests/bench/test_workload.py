@@ -26,6 +26,7 @@ def test_workload_numbers_are_positive_and_consistent(served):
     assert res.ignore_eos and res.errors == 0 and len(res.requests) == 3
     for r in res.requests:
         assert r.tokens == 8 and r.deltas == 8 and r.finish_reason == "length"
+        assert r.prompt_tokens > 0
         assert r.ttft_s > 0 and r.decode_s > 0 and r.e2e_decode_tok_s > 0
         assert r.e2e_decode_tok_s == pytest.approx(7 / r.decode_s)
         assert r.latency_s >= r.ttft_s + r.decode_s
