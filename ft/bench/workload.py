@@ -142,13 +142,16 @@ async def _first_model(http: httpx.AsyncClient) -> str:
 async def _accepts_ignore_eos(http: httpx.AsyncClient, model: str) -> bool:
     """A two-token warm-up with ignore_eos; a 4xx naming it means this server does not take it."""
     body = {"model": model, "prompt": "warm up", "max_tokens": 2, "temperature": 0.0}
-    resp = await http.post("/v1/completions", json={**body, "ignore_eos": True})
-    if resp.status_code == 200:
-        return True
-    if 400 <= resp.status_code < 500 and "ignore_eos" in resp.text:
-        resp = await http.post("/v1/completions", json=body)
+    try:
+        resp = await http.post("/v1/completions", json={**body, "ignore_eos": True})
         if resp.status_code == 200:
-            return False
+            return True
+        if 400 <= resp.status_code < 500 and "ignore_eos" in resp.text:
+            resp = await http.post("/v1/completions", json=body)
+            if resp.status_code == 200:
+                return False
+    except httpx.HTTPError as exc:
+        raise FtError(f"warm-up request failed: {type(exc).__name__}: {exc}") from None
     raise FtError(f"warm-up request answered {resp.status_code}: {_error_text(resp.text)}")
 
 

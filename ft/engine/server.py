@@ -3,9 +3,11 @@
     POST /v1/completions, /v1/chat/completions   (stream: SSE chunks, then `data: [DONE]`)
     GET  /v1/models, /health, /metrics
 
-The engine runs on its own thread (serve_worker.EngineWorker); the handlers here only turn
-HTTP into RequestHandles and engine events back into OpenAI bodies. Errors are OpenAI-shaped:
-{"error": {"message", "type", "param", "code"}} with a 4xx status.
+Parts: serve_api (OpenAI request models, chat template, response bodies, detokenization),
+serve_handlers (requests in, tokens back, OpenAI-shaped errors), serve_worker (the engine's
+own thread, continuous batching), serve_metrics (/metrics). This module wires them together
+and runs uvicorn on a socket bound before the model loads; the ready line is logged once it
+listens.
 """
 
 from __future__ import annotations
