@@ -195,6 +195,10 @@ async def _one(client: _Client, index: int, prompt: str) -> RequestResult:
                         break
     except httpx.HTTPError as exc:
         state["error"] = f"{type(exc).__name__}: {exc}"
+    except ValueError as exc:  # a `data:` line that is not JSON
+        state["error"] = f"malformed stream chunk: {exc}"
+    if not stamps and state["error"] is None:
+        state["error"] = "the server streamed no deltas"
     return _request_result(index, sent, stamps, pieces, state)
 
 
