@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sys
 import time
@@ -79,13 +80,23 @@ def test_streamed_text_equals_ft_generate(served, tmp_path_factory):
     assert whole["usage"]["completion_tokens"] == len(expected["token_ids"])
 
 
+def _engine_thread_ticks(pid: int) -> int:
+    """utime + stime (clock ticks) of the server's ft-engine thread, from /proc."""
+    tasks = [t for t in Path(f"/proc/{pid}/task").iterdir()]
+    engine = [t for t in tasks if (t / "comm").read_text().strip() == "ft-engine"]
+    assert len(engine) == 1, [(t / "comm").read_text().strip() for t in tasks]
+    fields = (engine[0] / "stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # stat fields 14 and 15
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-def test_engine_runs_on_its_named_thread(served):
+def test_engine_thread_is_named_and_sleeps_when_idle(served):
     server, client = served
     assert client.get("/health").status_code == 200
-    tasks = Path(f"/proc/{server.proc.pid}/task")
-    names = [(t / "comm").read_text().strip() for t in tasks.iterdir()]
-    assert names.count("ft-engine") == 1, names
+    before = _engine_thread_ticks(server.proc.pid)
+    time.sleep(1.0)
+    spent = _engine_thread_ticks(server.proc.pid) - before
+    assert spent <= 0.2 * os.sysconf("SC_CLK_TCK")  # a busy-wait would burn the whole second
 
 
 def test_chat_uses_the_documented_template(served):
