@@ -34,9 +34,15 @@ def synth(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Write a synthetic Qwen3-MoE checkpoint (HF layout) and print its measured routing."""
+    from rich.console import Console
+    from rich.progress import Progress
+
     from ft.engine.synth import synth_checkpoint
 
-    stats = synth_checkpoint(preset, out, layers, experts, dtype, seed)
+    with Progress(console=Console(stderr=True), transient=True, disable=json_out) as progress:
+        task = progress.add_task(f"synth {preset} -> {out}", total=None)
+        on_layer = lambda done, total: progress.update(task, completed=done, total=total)  # noqa: E731
+        stats = synth_checkpoint(preset, out, layers, experts, dtype, seed, on_layer)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     if json_out:
         typer.echo(json.dumps({"out": str(out), "bytes": size, **stats.__dict__}))

@@ -19,7 +19,7 @@ from ft.engine.memory import (
 )
 from ft.engine.model import MoeModel
 from ft.engine.strategies import MoeStrategy, build_strategy
-from ft.engine.tokenizer import load_tokenizer
+from ft.engine.tokenizer import load_tokenizer, stop_token_ids
 from ft.errors import FtError
 from ft.log import get_logger
 
@@ -37,6 +37,7 @@ class EngineParts:
     max_model_len: int
     num_slots: int  # sequences the KV cache holds at once
     cache_size: int | None  # expert cache slots (offload); None when resident
+    stop_token_ids: set[int]
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -62,7 +63,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, config.device)
     model = MoeModel(cfg, weights, strategy, kv, rope)
     tokenizer = load_tokenizer(config.model, cfg.eos_token_id)
-    return EngineParts(cfg, model, strategy, tokenizer, max_len, slots, cache_size)
+    stops = stop_token_ids(config.model, tokenizer.eos_token_id)
+    return EngineParts(cfg, model, strategy, tokenizer, max_len, slots, cache_size, stops)
 
 
 def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
@@ -80,7 +82,7 @@ def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
     if config.kv_reserve_tokens is None:
         return max_len, config.max_num_seqs
     max_len = min(max_len, config.kv_reserve_tokens)
-    return max_len, min(config.max_num_seqs, config.kv_reserve_tokens // max_len)
+    return max_len, config.kv_reserve_tokens // max_len  # reserve what was asked for
 
 
 def _strategy(config: EngineConfig, store, budget: int, used: int):

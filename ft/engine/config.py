@@ -4,7 +4,7 @@ dataclass), and the synthetic presets."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ft.errors import FtError
@@ -163,7 +163,6 @@ class EngineConfig:
     max_num_seqs: int = 8
     max_model_len: int | None = None  # None: min(model's max positions, 4096)
     memory_margin_gib: float = 1.0  # kept free by --moe-cache-auto
-    extra: dict = field(default_factory=dict, compare=False)  # reserved for later strategies
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", _resolve_device(self.device))
@@ -212,7 +211,7 @@ class EngineConfig:
 
     def describe(self) -> str:
         """The body of the `Resolved config:` log line."""
-        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "extra"]
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)]
         order = ["moe_strategy", "expert_format", "device"]
         shown.sort(key=lambda s: order.index(s.split("=")[0]) if s.split("=")[0] in order else 9)
         return ", ".join(shown)

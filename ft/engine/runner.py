@@ -60,7 +60,8 @@ class LLMEngine:
         self.moe_cache_size = parts.cache_size  # device expert slots; None when resident
         self.model_name = Path(config.model).resolve().name
         self.device = torch.device(config.device)
-        self.scheduler = Scheduler(parts.num_slots, self.max_model_len, self.tokenizer.eos_token_id)
+        running = min(parts.num_slots, config.max_num_seqs)
+        self.scheduler = Scheduler(running, self.max_model_len, parts.stop_token_ids)
         self._ids = itertools.count()
         self._aborted: list[StepOutput] = []
         self._stats = EngineStats()

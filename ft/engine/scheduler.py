@@ -32,11 +32,11 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, max_model_len: int, eos_token_id: int | None):
+    def __init__(self, num_slots: int, max_model_len: int, stop_token_ids: set[int]):
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots = list(range(num_slots - 1, -1, -1))
-        self.max_model_len, self.eos_token_id = max_model_len, eos_token_id
+        self.max_model_len, self.stop_token_ids = max_model_len, stop_token_ids
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -64,7 +64,7 @@ class Scheduler:
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if token == self.eos_token_id and not seq.params.ignore_eos:
+        if token in self.stop_token_ids and not seq.params.ignore_eos:
             return "stop"
         if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"

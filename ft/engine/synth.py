@@ -14,6 +14,7 @@ import json
 import math
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,18 +51,21 @@ class RoutingStats:
         )
 
 
-def synth_checkpoint(preset: str, out: str | Path, layers=None, experts=None,
-                     dtype: str = "bfloat16", seed: int = 0) -> RoutingStats:  # fmt: skip
-    """Write the checkpoint to `out` (which must not exist or be empty); -> routing stats."""
+def synth_checkpoint(
+    preset: str, out: str | Path, layers: int | None = None, experts: int | None = None,
+    dtype: str = "bfloat16", seed: int = 0, on_layer=None,
+) -> RoutingStats:  # fmt: skip
+    """Write the checkpoint to `out` (which must not exist or be empty); -> routing stats.
+    `on_layer(done, total)` is called after each layer (progress for people)."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FtError(f"{out} already exists and is not empty")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FtError(f"{out} already exists and is not an empty directory")
     hf = preset_hf_config(preset, layers, experts, dtype)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        stats = _write(hf, tmp, DTYPES[dtype], seed)
+        stats = _write(hf, tmp, DTYPES[dtype], seed, on_layer or (lambda done, total: None))
         if out.exists():
             out.rmdir()
         tmp.rename(out)  # the checkpoint appears whole or not at all
@@ -70,7 +74,7 @@ def synth_checkpoint(preset: str, out: str | Path, layers=None, experts=None,
     return stats
 
 
-def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int) -> RoutingStats:
+def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int, on_layer) -> RoutingStats:
     tok = build_tokenizer(hf["vocab_size"])
     hf["eos_token_id"] = save_tokenizer(tok, out, hf["max_position_embeddings"])
     (out / "config.json").write_text(json.dumps(hf, indent=2))
@@ -79,13 +83,14 @@ def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int) -> RoutingStats:
     writer = ShardWriter(out, shard_bytes(cfg, dtype))
     common = _randn(gen, cfg.hidden_size)
     common = common / common.norm() * math.sqrt(cfg.hidden_size)  # shared by every token
-    embed = 0.6 * common + 0.8 * _randn(gen, cfg.vocab_size, cfg.hidden_size)
+    embed = _randn(gen, cfg.vocab_size, cfg.hidden_size, scale=0.8).add_(0.6 * common)
     h = writer.add("model.embed_tokens.weight", embed, dtype)[_sample_ids(gen, cfg)]
     del embed
     routes = []
     for layer in range(cfg.num_layers):
         h, ids = _make_layer(cfg, layer, h, gen, writer, dtype)
         routes.append(ids)
+        on_layer(layer + 1, cfg.num_layers)
     writer.add("model.norm.weight", torch.ones(cfg.hidden_size), dtype)
     writer.add("lm_head.weight", _draw_lm_head(cfg, h, gen), dtype)
     writer.finish()
@@ -95,14 +100,28 @@ def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int) -> RoutingStats:
 def _draw_lm_head(cfg: ModelConfig, h: torch.Tensor, gen) -> torch.Tensor:
     """Random rows blind to the direction all final hidden states share, so the output
     token depends on the context rather than on that shared part."""
-    lm_head = _randn(gen, cfg.vocab_size, cfg.hidden_size) * (2.0 / math.sqrt(cfg.hidden_size))
+    lm_head = _randn(gen, cfg.vocab_size, cfg.hidden_size, scale=2.0 / math.sqrt(cfg.hidden_size))
     shared = rms_norm(h, torch.ones(cfg.hidden_size), cfg.rms_norm_eps).mean(0)
     shared = shared / shared.norm().clamp_min(1e-6)
-    return lm_head - (lm_head @ shared)[:, None] * shared[None, :]
+    return lm_head.addr_(lm_head @ shared, shared, alpha=-1.0)  # in place: it is 1.2 GB at 30B
 
 
-def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=gen)
+_CHUNK = 1 << 22  # elements per independently seeded piece: the result never depends on threads
+_POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ft-synth")
+
+
+def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    """N(0, scale^2) filled in parallel (torch's CPU randn runs on one core: minutes at 30B)."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    out = torch.empty(shape)
+    flat = out.view(-1)
+
+    def fill(i: int) -> None:
+        piece = torch.Generator().manual_seed(seed + i)
+        flat[i * _CHUNK : (i + 1) * _CHUNK].normal_(0.0, scale, generator=piece)
+
+    list(_POOL.map(fill, range(max(1, -(-flat.numel() // _CHUNK)))))
+    return out
 
 
 def _sample_ids(gen: torch.Generator, cfg: ModelConfig) -> torch.Tensor:
@@ -116,9 +135,9 @@ def _make_layer(cfg: ModelConfig, layer: int, h, gen, writer, dtype):
     out_scale = 1.0 / math.sqrt(2 * L)  # keeps the residual stream's growth bounded over depth
     w = {
         "ln1": torch.ones(D), "ln2": torch.ones(D),
-        "q": _randn(gen, qd, D) / math.sqrt(D), "k": _randn(gen, kvd, D) / math.sqrt(D),
-        "v": _randn(gen, kvd, D) / math.sqrt(D),
-        "o": _randn(gen, D, qd) / math.sqrt(qd) * out_scale,
+        "q": _randn(gen, qd, D, scale=D**-0.5), "k": _randn(gen, kvd, D, scale=D**-0.5),
+        "v": _randn(gen, kvd, D, scale=D**-0.5),
+        "o": _randn(gen, D, qd, scale=qd**-0.5 * out_scale),
         "q_norm": torch.ones(cfg.head_dim), "k_norm": torch.ones(cfg.head_dim),
     }  # fmt: skip
     w = {k: _store(writer, layer, k, v, dtype) for k, v in w.items()}
@@ -160,16 +179,20 @@ def _slow_directions(centered: torch.Tensor, rank: int) -> torch.Tensor:
 
 
 def _write_experts(cfg: ModelConfig, layer: int, gen, writer, dtype, out_scale: float):
+    """All experts of a layer at once (three big draws), written per expert as HF names them;
+    -> (w13 [E, 2I, D], w2 [E, D, I]) as stored, in float32, for the sample run."""
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size  # noqa: N806, E741
-    w13, w2 = torch.empty(E, 2 * I, D), torch.empty(E, D, I)
     base = f"model.layers.{layer}.mlp.experts"
+    parts = {
+        "gate_proj": _randn(gen, E, I, D, scale=D**-0.5).to(dtype),
+        "up_proj": _randn(gen, E, I, D, scale=D**-0.5).to(dtype),
+        "down_proj": _randn(gen, E, D, I, scale=out_scale * I**-0.5).to(dtype),
+    }
     for e in range(E):
-        gate = writer.add(f"{base}.{e}.gate_proj.weight", _randn(gen, I, D) / math.sqrt(D), dtype)
-        up = writer.add(f"{base}.{e}.up_proj.weight", _randn(gen, I, D) / math.sqrt(D), dtype)
-        down = _randn(gen, D, I) * (out_scale / math.sqrt(I))
-        w2[e] = writer.add(f"{base}.{e}.down_proj.weight", down, dtype)
-        w13[e, :I], w13[e, I:] = gate, up
-    return w13, w2
+        for part, stored in parts.items():  # clone: safetensors refuses tensors sharing memory
+            writer.add_stored(f"{base}.{e}.{part}.weight", stored[e].clone())
+    w13 = torch.cat((parts["gate_proj"], parts["up_proj"]), dim=1).float()
+    return w13, parts["down_proj"].float()
 
 
 class _Recorder:

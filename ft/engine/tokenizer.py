@@ -8,6 +8,20 @@ from pathlib import Path
 from ft.errors import FtError
 
 
+def stop_token_ids(model_dir: str | Path, eos_token_id: int | None) -> set[int]:
+    """EOS ids that end a sequence: the tokenizer's plus generation_config.json's (one or a
+    list), as transformers' generate stops on."""
+    stops = {eos_token_id} if eos_token_id is not None else set()
+    path = Path(model_dir) / "generation_config.json"
+    if path.is_file():
+        try:
+            eos = json.loads(path.read_text()).get("eos_token_id")
+        except ValueError:
+            raise FtError(f"{path} is not valid JSON") from None
+        stops.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return stops
+
+
 def load_tokenizer(model_dir: str | Path, eos_token_id: int | None) -> Tokenizer | IdsOnlyTokenizer:
     """The checkpoint's tokenizer; checkpoints without one still run from token ids."""
     if (Path(model_dir) / "tokenizer.json").is_file():

@@ -70,7 +70,7 @@ def test_stops_at_eos_and_at_max_tokens(synth_tiny):
     free = run_all(engine, [PROMPTS[1]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
     assert len(free) == 6
     eos = free[2]  # pretend the third token is EOS: generation must stop right there
-    engine.scheduler.eos_token_id = eos
+    engine.scheduler.stop_token_ids = {eos}
     seq = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=6))
     outs = [o for _ in range(10) for o in engine.step()]
     assert [o.token_id for o in outs] == free[: free.index(eos) + 1]
@@ -93,3 +93,24 @@ def test_bad_prompts_are_user_errors(qwen3_dir):
     for prompt in ([], [1] * 16, [10_000]):
         with pytest.raises(FtError):
             engine.add_request(prompt)
+
+
+def test_generation_config_eos_list_stops_too(synth_tiny, tmp_path):
+    import json
+    import shutil
+
+    model_dir = shutil.copytree(synth_tiny[0], tmp_path / "m")
+    free = run_all(engine_for(model_dir), [PROMPTS[2]], SamplingParams(6, ignore_eos=True))[0]
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [free[1], 9999]}))
+    stopped = run_all(engine_for(model_dir), [PROMPTS[2]], SamplingParams(max_tokens=6))[0]
+    assert stopped == free[: free.index(free[1]) + 1]
+
+
+def test_kv_reserve_sets_slots_and_caps_max_model_len(qwen3_dir):
+    engine = engine_for(qwen3_dir, kv_reserve_tokens=100, max_model_len=32, max_num_seqs=2)
+    assert tuple(engine.model.layers[0].k_cache.shape[:2]) == (3, 32)  # 3 slots of 32 tokens
+    assert len(engine.scheduler.free_slots) == 2  # but at most max_num_seqs run at once
+    short = engine_for(qwen3_dir, kv_reserve_tokens=20, max_model_len=32)
+    assert short.max_model_len == 20
+    out = run_all(short, [[1, 2, 3]], SamplingParams(max_tokens=50, ignore_eos=True))[0]
+    assert len(out) == 20 - 3  # the sequence ends at max_model_len
