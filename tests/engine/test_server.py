@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from ft.bench.metrics_text import parse_metrics
+from ft.bench.server_process import start_server
 from ft.engine.serve_api import ChatMessage, render_chat
 from tests.conftest import ft_env, run_ft
 from tests.engine.serving import API_KEY, running_server
@@ -288,3 +290,25 @@ def test_serve_on_a_busy_port_is_a_one_line_error():
         out.stderr.startswith("error: cannot listen on 127.0.0.1:")
         and "Traceback" not in out.stderr
     )
+
+
+@pytest.mark.timeout(300)
+def test_sigint_ends_open_streams_and_exits_cleanly(tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "ft-cache"
+    log_path = tmp_path_factory.mktemp("sigint") / "serve.log"
+    server = start_server(["--host", "127.0.0.1"], env=ft_env(FT_CACHE_DIR=str(cache)),
+                          log_path=log_path, timeout_s=180)  # fmt: skip
+    body = {"prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as client:
+            with client.stream("POST", "/v1/completions", json=body) as resp:
+                lines = resp.iter_lines()
+                assert next(lines).startswith("data: ")
+                server.proc.send_signal(signal.SIGINT)
+                rest = [line[6:] for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]"
+        assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "abort"
+        assert server.proc.wait(60) == 0, server.log_tail()
+        assert "Shutting down" in server.log_tail()
+    finally:
+        server.stop()
