@@ -21,10 +21,10 @@ from ft.engine.serve_api import (
     ChatRequest,
     CompletionRequest,
     ResponseShape,
-    TextStream,
     render_chat,
     usage,
 )
+from ft.engine.serve_text import TextStream
 from ft.engine.serve_worker import EngineWorker, RequestHandle
 from ft.errors import FtError
 

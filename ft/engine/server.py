@@ -3,7 +3,7 @@
     POST /v1/completions, /v1/chat/completions   (stream: SSE chunks, then `data: [DONE]`)
     GET  /v1/models, /health, /metrics
 
-Parts: serve_api (OpenAI request models, chat template, response bodies, detokenization),
+Parts: serve_api (OpenAI request models, chat template, response bodies), serve_text (deltas),
 serve_handlers (requests in, tokens back, OpenAI-shaped errors), serve_worker (the engine's
 own thread, continuous batching), serve_metrics (/metrics). This module wires them together
 and runs uvicorn on a socket bound before the model loads; the ready line is logged once it

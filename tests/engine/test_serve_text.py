@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ft.engine.serve_api import Detokenizer, TextStream
+from ft.engine.serve_text import Detokenizer, TextStream
 
 
 class _ByteTokenizer:
