@@ -57,8 +57,10 @@ def generate(
         raise FtError("give exactly one of --prompt or --prompt-ids")
     params = SamplingParams(max_tokens, temperature, top_p, seed, ignore_eos)
     config = engine_config_from_options(
-        model, device, dtype, moe_strategy, moe_cache_size, moe_cache_rate, moe_cache_auto,
-        kv_reserve_tokens, gpu_memory_limit, 1, max_model_len,
+        model=model, device=device, dtype=dtype, moe_strategy=moe_strategy,
+        moe_cache_size=moe_cache_size, moe_cache_rate=moe_cache_rate,
+        moe_cache_auto=moe_cache_auto, kv_reserve_tokens=kv_reserve_tokens,
+        gpu_memory_limit=gpu_memory_limit, max_num_seqs=1, max_model_len=max_model_len,
     )  # fmt: skip
     engine = LLMEngine(config)
     try:
@@ -95,6 +97,7 @@ def run_one(engine, prompt_ids: list[int], params) -> dict:
         "cache_hits": stats.cache_hits, "cache_misses": stats.cache_misses,
         "experts_fetched": stats.experts_fetched, "bytes_fetched": stats.bytes_fetched,
         "expert_uses": stats.expert_uses, "moe_strategy": engine.config.moe_strategy,
+        "device": engine.config.device, "dtype": engine.config.dtype,
         "moe_cache_size": engine.moe_cache_size, "decode_tokens": stats.decode_tokens, **decode,
     }  # fmt: skip
 

@@ -47,5 +47,6 @@ def synth(
     if json_out:
         typer.echo(json.dumps({"out": str(out), "bytes": size, **stats.__dict__}))
         return
-    typer.echo(f"wrote {out} ({size / 2**30:.2f} GiB, preset {preset})")
+    shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    typer.echo(f"wrote {out} ({shown}, preset {preset})")
     typer.echo(stats.describe())

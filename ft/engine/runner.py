@@ -65,6 +65,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._aborted: list[StepOutput] = []
         self._stats = EngineStats()
+        self.last_step: dict = {}  # per-step counters of the latest step (hits, misses, bytes...)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None) -> int:
         params = params or SamplingParams()
@@ -88,9 +89,9 @@ class LLMEngine:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return outputs
-        start = time.perf_counter()
+        start, before = time.perf_counter(), self.strategy.counters()
         token_ids = self._run(seqs, is_prefill)
-        self._account(seqs, is_prefill, time.perf_counter() - start)
+        self._account(seqs, is_prefill, time.perf_counter() - start, before)
         return outputs + self.scheduler.postprocess(seqs, token_ids)
 
     def _run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
@@ -111,7 +112,11 @@ class LLMEngine:
             as_tensor(tokens), as_tensor(positions), spans, as_tensor([s.slot for s in seqs])
         )
 
-    def _account(self, seqs: list[Sequence], is_prefill: bool, seconds: float) -> None:
+    def _account(self, seqs: list[Sequence], is_prefill: bool, seconds: float, before) -> None:
+        after = self.strategy.counters()
+        self.last_step = {k: after[k] - before[k] for k in after}  # this step's counters
+        self.last_step.update(phase="prefill" if is_prefill else "decode", seconds=seconds)
+        self.last_step["tokens"] = sum(len(s.prompt_ids) for s in seqs) if is_prefill else len(seqs)
         self._stats.steps += 1
         if is_prefill:
             self._stats.prefill_tokens += sum(len(s.prompt_ids) for s in seqs)

@@ -17,6 +17,10 @@ QWEN3 = {
         num_attention_heads=4, num_key_value_heads=4, num_experts=6, num_experts_per_tok=3,
         norm_topk_prob=False, mlp_only_layers=[0], tie_word_embeddings=True,
     ),
+    "qwen3-wide-heads-step2": dict(  # H*d = 64 != hidden 32; layer 0 dense by sparse step
+        num_attention_heads=8, num_key_value_heads=2, num_experts=16, num_experts_per_tok=4,
+        norm_topk_prob=True, decoder_sparse_step=2,
+    ),
 }  # fmt: skip
 MIXTRAL = {
     "mixtral-gqa": dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,

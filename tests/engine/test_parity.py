@@ -64,3 +64,11 @@ def test_expert_uses_match_transformers_routing(qwen3_dir):
     model.generate(torch.tensor([PROMPT]), max_new_tokens=MAX_NEW, do_sample=False)
     ours = ft_generate(qwen3_dir, "--moe-strategy", "offload", "--moe-cache-size", "3")
     assert ours["expert_uses"] == sum(uses)
+
+
+def test_text_prompt_without_tokenizer_is_a_user_error(qwen3_dir):
+    """transformers' save_pretrained writes no tokenizer: ids work, text says what to do."""
+    args = ["generate", "--model", str(qwen3_dir), "--prompt", "hello", "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1
+    assert "pass token ids" in result.output

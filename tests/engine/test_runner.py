@@ -41,6 +41,9 @@ def test_offload_concurrent_equals_resident(qwen3_dir):
     assert run_all(offload, PROMPTS, params) == resident
     stats = offload.stats
     assert stats.cache_hits + stats.cache_misses == stats.expert_uses
+    step = offload.last_step  # the final decode step alone
+    assert step["phase"] == "decode" and step["tokens"] == len(PROMPTS)  # decoded together
+    assert step["cache_hits"] + step["cache_misses"] == step["expert_uses"] > 0
     assert stats.prefill_tokens == sum(map(len, PROMPTS))
     assert stats.decode_tokens == 4 * 5  # every token after the first comes from a decode step
 
