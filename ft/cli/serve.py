@@ -55,8 +55,11 @@ def serve(
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     try:
         config = engine_config_from_options(
-            model, device, dtype, moe_strategy, moe_cache_size, moe_cache_rate, moe_cache_auto,
-            kv_reserve_tokens, gpu_memory_limit, max_num_seqs, max_model_len,
+            model=model, device=device, dtype=dtype, moe_strategy=moe_strategy,
+            moe_cache_size=moe_cache_size, moe_cache_rate=moe_cache_rate,
+            moe_cache_auto=moe_cache_auto, kv_reserve_tokens=kv_reserve_tokens,
+            gpu_memory_limit=gpu_memory_limit, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
         )  # fmt: skip
         engine = LLMEngine(config)
     except BaseException:
