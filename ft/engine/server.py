@@ -58,6 +58,11 @@ def build_app(engine: Any, worker: EngineWorker, metrics: ServerMetrics, api_key
     async def _api_error(_request: Request, exc: ApiError):
         return error_response(exc.status, exc.message, exc.param, exc.code)
 
+    @app.exception_handler(Exception)
+    async def _bug(_request: Request, exc: Exception):
+        log.error("request failed", exc_info=exc)  # a server bug: logged, answered, not fatal
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
     @app.exception_handler(404)
     async def _not_found(request: Request, _exc):
         return error_response(404, f"Unknown path: {request.url.path}", None, "not_found")
