@@ -67,7 +67,7 @@ def start_server(
     """Run `command + serve_args` (default `python -m ft serve --port 0 ...`) until it is ready."""
     command = command or [sys.executable, "-m", "ft", "serve"]
     args = list(serve_args)
-    if "--port" not in args:
+    if not any(a == "--port" or a.startswith("--port=") for a in args):
         args += ["--port", "0"]  # a free port, read back from the ready line
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="ft-serve-", suffix=".log")
