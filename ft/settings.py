@@ -20,3 +20,7 @@ def cpu_moe_force_inline() -> bool:
     """FT_CPU_MOE_INLINE=1: fault injection; the CPU MoE executor computes on the calling thread
     instead of its pool (counted as experts_cpu_inline and warned once)."""
     return os.environ.get("FT_CPU_MOE_INLINE", "") not in ("", "0", "false", "no")
+
+def api_key() -> str | None:
+    """FT_API_KEY: the key `ft serve` requires and `ft bench serve` sends (default: none)."""
+    return os.environ.get("FT_API_KEY") or None
