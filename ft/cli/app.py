@@ -70,9 +70,10 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, env
+    from ft.cli import bench, diagnose, env
 
     env.register(app)
+    diagnose.register(app)
     bench.register(app)
 
 

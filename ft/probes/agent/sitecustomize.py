@@ -1,0 +1,93 @@
+"""ft's in-process stack agent: samples every Python thread's stack, no ptrace needed.
+
+`ft diagnose` puts this folder first on the target's PYTHONPATH and sets FT_AGENT_OUT; Python
+imports `sitecustomize` at startup, so the target's code is unchanged. Without FT_AGENT_OUT this
+does nothing. Standard library only: `ft` itself may not be importable in the target. Each sample
+is one JSON line, flushed at once, so a target killed mid-run still leaves every sample taken.
+"""
+
+import os
+import sys
+
+
+def _chain_previous_sitecustomize() -> None:
+    """Run the sitecustomize we shadow (distributions ship one), as Python would have."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def _frame_list(frame) -> list:
+    """Root-first frames as 'function (file:line)', the form py-spy and flamegraphs use."""
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        name = getattr(code, "co_qualname", code.co_name)
+        frames.append(f"{name} ({os.path.basename(code.co_filename)}:{frame.f_lineno})")
+        frame = frame.f_back
+    frames.reverse()
+    return frames
+
+
+def _sample(threading, own_ident: int) -> list:
+    by_ident = {t.ident: t for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        if ident == own_ident:  # never report the agent itself
+            continue
+        thread = by_ident.get(ident)
+        out.append(
+            {
+                "ident": ident,
+                "tid": getattr(thread, "native_id", None),
+                "name": thread.name if thread is not None else None,
+                "frames": _frame_list(frame),
+            }
+        )
+    return out
+
+
+def _run(path: str, interval: float) -> None:
+    import json
+    import threading
+    import time
+
+    own = threading.get_ident()
+    pid = os.getpid()
+    with open(path, "a", buffering=1) as out:
+        hello = {"kind": "agent", "t": time.time(), "pid": pid, "tid": threading.get_native_id()}
+        out.write(json.dumps(hello) + "\n")  # lets the probes tell the agent's thread apart
+        while True:
+            record = {"kind": "stacks", "source": "agent", "t": time.time(), "pid": pid}
+            record["threads"] = _sample(threading, own)
+            out.write(json.dumps(record, separators=(",", ":")) + "\n")
+            out.flush()  # line-buffered already; explicit so a SIGKILL loses nothing written
+            time.sleep(interval)
+
+
+def _start() -> None:
+    folder = os.environ.get("FT_AGENT_OUT")
+    if not folder:
+        return
+    import threading
+
+    interval = float(os.environ.get("FT_AGENT_INTERVAL") or 0.05)
+    path = os.path.join(folder, f"stacks-{os.getpid()}.jsonl")
+    thread = threading.Thread(
+        target=_run, args=(path, interval), name="ft-stack-agent", daemon=True
+    )
+    thread.start()
+
+
+for _step in (_chain_previous_sitecustomize, _start):
+    try:
+        _step()
+    except Exception as _exc:  # the agent must never break the target
+        sys.stderr.write(f"ft stack agent: {_step.__name__}: {_exc}\n")
