@@ -1,0 +1,54 @@
+"""GPU probe without a GPU, the environment collector's redaction, py-spy's record shape."""
+
+import json
+
+import pytest
+
+from ft.probes import env, gpu, stacks
+from tests.conftest import ft_env, run_ft
+
+
+def test_gpu_probe_reports_unavailable_with_a_reason():
+    probe = gpu.GpuProbe()
+    if probe.available:
+        pytest.skip("an NVIDIA GPU is present")
+    sample = probe.sample()
+    assert sample["available"] is False and sample["reason"] and sample["devices"] == []
+
+
+def test_pcie_link_bandwidth():
+    assert gpu.pcie_link_gbs(3, 16) == pytest.approx(15.76)
+    assert gpu.pcie_link_gbs(5, 16) == pytest.approx(63.0, rel=1e-3)
+    assert gpu.pcie_link_gbs(None, 16) is None
+
+
+def test_relevant_env_redacts_secrets_and_drops_the_rest():
+    found = env.relevant_env(
+        {"FT_API_KEY": "s3", "HF_TOKEN": "s4", "OMP_NUM_THREADS": "4", "HOME": "/root"}
+    )
+    assert found == {"FT_API_KEY": "<redacted>", "HF_TOKEN": "<redacted>", "OMP_NUM_THREADS": "4"}
+
+
+@pytest.mark.timeout(120)
+def test_ft_env_json_redacts_secrets():
+    proc = run_ft("env", "--json", env=ft_env(MY_DB_PASSWORD="hunter2", CUDA_VISIBLE_DEVICES="0"))
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout)
+    assert "hunter2" not in proc.stdout
+    assert facts["env"]["MY_DB_PASSWORD"] == "<redacted>"
+    assert facts["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    for key in ("ft", "python", "torch", "cpu_model", "physical_cores", "isa_flags", "numa_nodes"):
+        assert key in facts
+    assert "ptrace_scope" in facts
+
+
+def test_pyspy_record_is_root_first_like_the_agents():
+    dump = [
+        {"thread_id": 1, "os_thread_id": 7, "thread_name": "MainThread", "active": True,
+         "frames": [{"name": "leaf", "short_filename": "a.py", "line": 3},
+                    {"name": "<module>", "short_filename": "a.py", "line": 9}]}
+    ]  # fmt: skip
+    rec = stacks.pyspy_record(7, dump)
+    assert rec["source"] == "py-spy"
+    assert rec["threads"][0]["frames"] == ["<module> (a.py:9)", "leaf (a.py:3)"]
+    assert rec["threads"][0]["tid"] == 7
