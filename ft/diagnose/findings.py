@@ -32,6 +32,12 @@ class Finding:
         return asdict(self)
 
 
+def wants_a_core(t: ThreadSummary) -> bool:
+    """Running or runnable nearly all the time: CPU % plus the time it waited for a core (a busy
+    box delays a spinning thread; schedstat's run delay counts that wait)."""
+    return t.cpu_pct + t.delay_pct >= HOT_CPU_PCT
+
+
 def pool_idle(s: Summary) -> bool:
     return all(t.cpu_pct < POOL_IDLE_PCT for t in s.by_role(roles.POOL))
 
@@ -53,6 +59,10 @@ def _pool_text(s: Summary) -> str:
     return f"the CPU MoE pool ({len(pool)} threads) is idle"
 
 
+def _waiting_text(t: ThreadSummary) -> str:
+    return f" (+{t.delay_pct:.0f}% runnable, waiting for a core)" if t.delay_pct >= 10 else ""
+
+
 def _frames_text(t: ThreadSummary) -> str:
     return " <- ".join(t.hottest_frames) if t.hottest_frames else "unknown (no stack samples)"
 
@@ -64,7 +74,7 @@ def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
     hot = [
         t
         for t in s.threads
-        if t.role not in (roles.POOL, AGENT) and t.cpu_pct >= HOT_CPU_PCT and t.r_frac >= HOT_R_FRAC
+        if t.role not in (roles.POOL, AGENT) and wants_a_core(t) and t.r_frac >= HOT_R_FRAC
     ]
     pool = s.by_role(roles.POOL)
     return [
@@ -72,13 +82,15 @@ def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
             id="hot-thread-gpu-idle",
             severity="critical" if pool else "warning",
             title=(
-                f"thread {t.name} (tid {t.tid}, {t.role}) is in state R at ~{t.cpu_pct:.0f}% CPU "
+                f"thread {t.name} (tid {t.tid}, {t.role}) is in state R at ~{t.cpu_pct:.0f}% CPU"
+                f"{_waiting_text(t)} "
                 f"while {_gpu_text(s)} and {_pool_text(s)}; "
                 f"its hottest frames are {_frames_text(t)}"
             ),
             evidence={
                 "tid": t.tid,
                 "cpu_pct": t.cpu_pct,
+                "run_delay_pct": t.delay_pct,
                 "state_r_fraction": t.r_frac,
                 "cpu_s_accumulated": t.cpu_s,
                 "wchan": t.wchan,

@@ -12,6 +12,7 @@ from ft.diagnose.findings import findings
 from ft.diagnose.summary import by_kind, summarize
 from ft.log import get_logger
 from ft.probes.sampler import read_stream
+from ft.probes.stacks import expand_stacks
 from ft.report import GITHUB_COMMENT_LIMIT, write_json_atomic, write_text_atomic
 
 SCHEMA = 1
@@ -27,7 +28,7 @@ FILES = {
 
 def write_report(out_dir: Path, outcome) -> dict:
     """Every report file from the stream on disk; returns report.json's content."""
-    records = read_stream(outcome.stream)
+    records = expand_stacks(read_stream(outcome.stream))
     kinds = by_kind(records)
     start = (kinds["start"] or [{}])[0]
     end = (kinds["end"] or [{}])[-1]

@@ -9,6 +9,7 @@ from statistics import fmean
 
 from ft.probes import threads as roles
 from ft.probes.gpu import pcie_link_gbs
+from ft.probes.stacks import expand_stacks
 
 AGENT = "ft agent"  # the stack agent's own thread: never a finding
 _LINE = re.compile(r":\d+\)$")
@@ -88,7 +89,7 @@ def by_kind(records: list[dict]) -> dict[str, list[dict]]:
 
 
 def summarize(records: list[dict], context: dict | None = None) -> Summary:
-    kinds = by_kind(records)
+    kinds = by_kind(expand_stacks(records))
     stacks, source = _primary_stacks(kinds["stacks"])
     thread_recs = kinds["threads"]
     times = [r["t"] for r in thread_recs]
@@ -134,11 +135,8 @@ def _threads(recs, stacks, agent_hellos, all_stacks) -> list[ThreadSummary]:
             if tid in agent_tids
             else roles.classify(last, py_names.get(tid), proc.get("comm"), proc.get("torch", False))
         )
-        out.append(
-            _thread(
-                series, py_names.get(tid), role, per_thread_stacks.get(tid, []), native.get(tid, [])
-            )
-        )
+        name = "ft-stack-agent" if role == AGENT else py_names.get(tid)
+        out.append(_thread(series, name, role, per_thread_stacks.get(tid, []), native.get(tid, [])))
     return out
 
 

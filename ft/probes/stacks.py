@@ -57,6 +57,22 @@ class AgentReader:
         return out
 
 
+def expand_stacks(records: list[dict]) -> list[dict]:
+    """Give every agent thread sample its frames, from the stack ids the agent defined earlier."""
+    defined: dict[int, dict[int, list[str]]] = {}
+    for rec in records:
+        if rec.get("kind") != "stacks" or rec.get("source") != "agent":
+            continue
+        table = defined.setdefault(rec["pid"], {})
+        if rec.get("reset"):
+            table.clear()
+        table.update((d["id"], d["frames"]) for d in rec.get("defs", ()))
+        for th in rec["threads"]:
+            if "frames" not in th:
+                th["frames"] = table.get(th.get("stack"), ["<unknown stack>"])
+    return records
+
+
 def ptrace_scope() -> int | None:
     """Yama's ptrace_scope (0 classic, 1 children only, 2 admin only, 3 none); None without Yama."""
     try:

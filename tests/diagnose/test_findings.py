@@ -97,3 +97,11 @@ def test_ptrace_denied_says_what_was_used_instead():
 
 def test_everything_idle_has_no_findings():
     assert ids(stream([engine_main(cpu=0.5, state="S"), *pool(4)], gpu={"util_pct": 0})) == []
+
+
+def test_a_starved_spinning_thread_is_still_hot():
+    starved = T(100, name="MainThread", cpu=40, delay=58, state="R", frames=["spin (x.py:1)"])
+    (f,) = rules.hot_thread_gpu_idle(summarize(stream([starved, *pool(2)])))
+    assert "+58% runnable, waiting for a core" in f.title
+    sleepy = T(100, name="MainThread", cpu=40, delay=0, state="R")
+    assert not rules.hot_thread_gpu_idle(summarize(stream([sleepy, *pool(2)])))

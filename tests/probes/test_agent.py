@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ft.probes.stacks import AgentReader, agent_env
+from ft.probes.stacks import AgentReader, agent_env, expand_stacks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,7 +25,7 @@ def run_with_agent(tmp_path, code: str, pythonpath: str | None = None) -> list[d
     base.pop("PYTHONPATH", None) if pythonpath is None else None
     env = agent_env(base, tmp_path, interval=0.02)
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
-    return AgentReader(tmp_path).read_new()
+    return expand_stacks(AgentReader(tmp_path).read_new())
 
 
 def test_agent_samples_named_threads_with_native_ids_but_not_itself(tmp_path):

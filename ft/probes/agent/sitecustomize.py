@@ -36,19 +36,25 @@ def _frame_list(frame) -> list:
     return frames
 
 
-def _sample(threading, own_ident: int) -> list:
+def _sample(threading, own_ident: int, stack_ids: dict, defs: list) -> list:
+    """Each thread's stack as an id; a stack seen for the first time is defined in `defs`."""
     by_ident = {t.ident: t for t in threading.enumerate()}
     out = []
     for ident, frame in sys._current_frames().items():
         if ident == own_ident:  # never report the agent itself
             continue
         thread = by_ident.get(ident)
+        frames = _frame_list(frame)
+        key = tuple(frames)
+        if key not in stack_ids:
+            stack_ids[key] = len(stack_ids)
+            defs.append({"id": stack_ids[key], "frames": frames})
         out.append(
             {
                 "ident": ident,
                 "tid": getattr(thread, "native_id", None),
                 "name": thread.name if thread is not None else None,
-                "frames": _frame_list(frame),
+                "stack": stack_ids[key],
             }
         )
     return out
@@ -64,9 +70,15 @@ def _run(path: str, interval: float) -> None:
     with open(path, "a", buffering=1) as out:
         hello = {"kind": "agent", "t": time.time(), "pid": pid, "tid": threading.get_native_id()}
         out.write(json.dumps(hello) + "\n")  # lets the probes tell the agent's thread apart
+        stack_ids: dict = {}  # idle threads repeat one stack: each is written out once
         while True:
             record = {"kind": "stacks", "source": "agent", "t": time.time(), "pid": pid}
-            record["threads"] = _sample(threading, own)
+            if len(stack_ids) > 50_000:  # bound the agent's memory on very long runs
+                stack_ids.clear()
+                record["reset"] = True
+            defs: list = []
+            record["threads"] = _sample(threading, own, stack_ids, defs)
+            record["defs"] = defs
             out.write(json.dumps(record, separators=(",", ":")) + "\n")
             out.flush()  # line-buffered already; explicit so a SIGKILL loses nothing written
             time.sleep(interval)
