@@ -8,7 +8,8 @@ import re
 from ft.report import code_block, details, md_table
 
 TOP_THREADS = 15  # in the visible table; the rest go in <details>
-FRAMES_FOR = 4  # threads whose stacks are shown
+FRAMES_FOR = 4  # busy threads whose stacks are shown in full
+BUSY_PCT = 5.0  # % of a core (running or waiting for one) that makes a thread worth reading
 _DETAILS = re.compile(r"<details>.*?</details>", re.DOTALL)
 
 
@@ -18,7 +19,7 @@ def details_spans(md: str) -> list[tuple[int, int]]:
 
 def markdown(report: dict, log_tail: str = "") -> str:
     parts = [_header(report), _findings(report), _threads(report), _frames(report), _gpu(report)]
-    parts += [_environment(report)]
+    parts += [_startup(report), _environment(report)]
     if log_tail:
         parts.append(details("Target output (last lines)", code_block(log_tail)))
     parts.append(_files(report))
@@ -82,11 +83,14 @@ def _threads(r: dict) -> str:
 
 
 def _frames(r: dict) -> str:
-    shown = [t for t in r["threads"] if t["stack_samples"]][:FRAMES_FOR]
-    if not shown:
+    sampled = [t for t in r["threads"] if t["stack_samples"]]
+    if not sampled:
         return "## Hottest frames\n\nNo stack samples (not a Python target, or none were taken)."
+    busy = [t for t in sampled if t["cpu_pct"] + t["delay_pct"] >= BUSY_PCT][:FRAMES_FOR]
     out = ["## Hottest frames"]
-    for t in shown:
+    if not busy:
+        out.append(f"No thread used more than {BUSY_PCT:.0f}% of a core.")
+    for t in busy:
         share = t["top_stack_count"] / t["stack_samples"]
         stack = "\n".join(t["top_stack"][::-1])
         block = (
@@ -100,7 +104,19 @@ def _frames(r: dict) -> str:
             native = code_block("\n".join(t["native_stack"][::-1]))
             block += "\n\n" + details("Native stack (py-spy --native, last dump)", native)
         out.append(block)
+    every = "\n\n".join(
+        f"{t['name']} (tid {t['tid']}, {t['role']}, {t['cpu_pct']:.0f}% CPU):\n\n"
+        + code_block("\n".join(t["top_stack"][::-1]))
+        for t in sampled
+    )
+    out.append(details(f"Most common stack of every thread ({len(sampled)})", every))
     return "\n\n".join(out)
+
+
+def _startup(r: dict) -> str:
+    if not r.get("startup"):
+        return ""
+    return "## Engine startup\n\n" + code_block("\n".join(r["startup"]))
 
 
 def _gpu(r: dict) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ft.diagnose import render
 from ft.diagnose.findings import findings
+from ft.diagnose.startup import startup_lines
 from ft.diagnose.summary import by_kind, summarize
 from ft.log import get_logger
 from ft.probes.sampler import read_stream
@@ -54,6 +55,7 @@ def write_report(out_dir: Path, outcome) -> dict:
         "gpu": asdict(summary.gpu) | {"link_gbs": summary.gpu.link_gbs},
         "throughput": kinds["throughput"][-1] if kinds["throughput"] else None,
         "events": summary.events,
+        "startup": startup_lines(_log_tail(out_dir / FILES["target_log"], None)),
         "env": (kinds["env"] or [{}])[0].get("env", {}),
         "files": FILES,
     }
@@ -98,9 +100,9 @@ def fit_limit(md: str, limit: int = GITHUB_COMMENT_LIMIT) -> str:
     return md
 
 
-def _log_tail(path: Path, lines: int = 40) -> str:
+def _log_tail(path: Path, lines: int | None = 40) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(path.read_text(errors="replace").splitlines()[-(lines or 0) :])
     except OSError:
         return ""
 

@@ -43,7 +43,12 @@ class ProcessTarget:
         with open(self.log_path, "ab") as log:
             try:
                 self.proc = subprocess.Popen(  # own session: a Ctrl-C goes to ft, which stops it
-                    self.argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    self.argv,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             except OSError as exc:
                 raise FtError(f"cannot start {shlex.join(self.argv)}: {exc.strerror}") from exc
@@ -61,8 +66,14 @@ class ProcessTarget:
         return False
 
     def context(self) -> dict:
-        """Facts for the findings rules: strategy, whether CPU expert work is expected."""
-        return {}
+        """Facts for the findings rules (strategy, whether CPU expert work is expected), from the
+        engine's startup lines when the target is an `ft serve`."""
+        from ft.diagnose.startup import parse
+
+        try:
+            return parse(self.log_path.read_text(errors="replace"))
+        except OSError:
+            return {}
 
     def describe(self) -> dict:
         return {"kind": self.label, "argv": self.argv, "python": self.is_python()}
@@ -86,6 +97,17 @@ class ProcessTarget:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:  # unkillable (D state): leave it, but say so
             pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: if ft itself is SIGKILLed, the kernel kills the target too."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux only; elsewhere a no-op)
+    except (OSError, AttributeError):
+        pass
 
 
 def _tree(pid: int) -> list[psutil.Process]:

@@ -94,32 +94,51 @@ def test_ptrace_denied_falls_back_to_the_agent(tmp_path):
     assert finding_ids(report)[0] == "hot-thread-gpu-idle"
 
 
-def test_sigterm_writes_the_report_and_stops_a_stopped_target(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_writes_the_report_and_stops_a_stopped_target(tmp_path, sig):
     out = tmp_path / "report"
     cmd = f"{sys.executable} {ASSETS / 'busy_main.py'}"
     args = ["diagnose", "--cmd", cmd, "--duration", "60", "--interval", "0.25", "--out", str(out)]
     ft = subprocess.Popen([sys.executable, "-m", "ft", *args], env=ft_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     target = _wait_for_target(ft.pid)
+    _wait_for(lambda: '"kind":"stacks"' in (out / "samples.jsonl").read_text())
     target.suspend()  # SIGSTOP: ft must resume it before stopping it
     time.sleep(0.5)
-    ft.send_signal(signal.SIGTERM)
+    ft.send_signal(sig)
     _, err = ft.communicate(timeout=60)
-    assert ft.returncode == 128 + signal.SIGTERM, err
+    assert ft.returncode == 128 + sig, err
     report = json.loads((out / "report.json").read_text())
-    assert report["run"]["stopped_by"] == "SIGTERM"
+    assert report["run"]["stopped_by"] == sig.name
     assert_complete(out)
     assert not target.is_running() or target.status() == psutil.STATUS_ZOMBIE
 
 
-def _wait_for_target(ft_pid: int) -> psutil.Process:
+def _wait_for(condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _wait_for_target(ft_pid: int, threads: int = 4) -> psutil.Process:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         children = psutil.Process(ft_pid).children()
-        if children and children[0].num_threads() >= 4:  # the pool has started
+        if children and children[0].num_threads() >= threads:  # its threads have started
             return children[0]
         time.sleep(0.1)
     raise AssertionError("the target never started")
+
+
+def test_sigkill_to_ft_takes_the_target_with_it(tmp_path):
+    cmd = f"{sys.executable} {ASSETS / 'all_idle.py'}"
+    args = ["diagnose", "--cmd", cmd, "--duration", "60", "--out", str(tmp_path / "r")]
+    ft = subprocess.Popen([sys.executable, "-m", "ft", *args], env=ft_env())
+    target = _wait_for_target(ft.pid, threads=3)
+    ft.kill()
+    ft.wait(timeout=30)
+    target.wait(timeout=30)  # raises if it outlives ft (an orphan)
 
 
 def test_non_python_target_reports_without_stacks(tmp_path):
