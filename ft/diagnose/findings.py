@@ -119,7 +119,11 @@ def cpu_pool_idle(s: Summary) -> list[Finding]:
     """CPU expert work is expected (hybrid, or a pool exists), others work, the pool does not."""
     pool = s.by_role(roles.POOL)
     expected = bool(s.context.get("expects_cpu_pool")) or bool(pool)
-    busy = [t for t in s.threads if t.role not in (roles.POOL, AGENT) and t.cpu_pct >= BUSY_PCT]
+    busy = [
+        t
+        for t in s.threads
+        if t.role not in (roles.POOL, AGENT) and t.cpu_pct + t.delay_pct >= BUSY_PCT
+    ]
     gpu_busy = s.gpu.available and (s.gpu.util_pct or 0.0) >= 20
     if not expected or not pool_idle(s) or not (busy or gpu_busy or s.context.get("workload")):
         return []
