@@ -118,7 +118,7 @@ def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
 def cpu_pool_idle(s: Summary) -> list[Finding]:
     """CPU expert work is expected (hybrid, or a pool exists), others work, the pool does not."""
     pool = s.by_role(roles.POOL)
-    expected = bool(s.context.get("expects_cpu_pool")) or bool(pool)
+    expected = s.context.get("expects_cpu_pool", bool(pool))  # the strategy, where known
     busy = [
         t
         for t in s.threads

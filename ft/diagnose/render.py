@@ -18,7 +18,8 @@ def details_spans(md: str) -> list[tuple[int, int]]:
 
 
 def markdown(report: dict, log_tail: str = "") -> str:
-    parts = [_header(report), _findings(report), _threads(report), _frames(report), _gpu(report)]
+    parts = [_header(report), _throughput(report), _findings(report), _threads(report)]
+    parts += [_frames(report), _gpu(report)]
     parts += [_startup(report), _environment(report)]
     if log_tail:
         parts.append(details("Target output (last lines)", code_block(log_tail)))
@@ -39,6 +40,23 @@ def _header(r: dict) -> str:
         f"# ft diagnose\n\n`{target}`: {run['duration_s']:.1f} s sampled, stopped by "
         f"{run['stopped_by']}{exit_text}; {run['thread_samples']} thread samples, {stacks}."
     )
+
+
+def _throughput(r: dict) -> str:
+    tp = r.get("throughput")
+    if not tp:
+        return ""
+    if tp.get("error"):
+        return f"Workload failed: {tp['error']}"
+    figures = [("end-to-end decode tok/s", tp.get("e2e_decode_tok_s")),
+               ("engine decode tok/s", tp.get("engine_decode_tok_s")),
+               ("TTFT s (median)", tp.get("ttft_s")),
+               ("throughput tok/s", tp.get("throughput_tok_s"))]  # fmt: skip
+    return md_table(("workload", "value"), [(k, _num(v)) for k, v in figures])
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _findings(r: dict) -> str:

@@ -53,7 +53,7 @@ def write_report(out_dir: Path, outcome) -> dict:
         "findings": [f.to_json() for f in findings(summary)],
         "threads": [asdict(t) | {"hottest_frames": t.hottest_frames} for t in summary.threads],
         "gpu": asdict(summary.gpu) | {"link_gbs": summary.gpu.link_gbs},
-        "throughput": kinds["throughput"][-1] if kinds["throughput"] else None,
+        "throughput": next((r for r in kinds["throughput"] if r.get("final")), None),
         "events": summary.events,
         "startup": startup_lines(_log_tail(out_dir / FILES["target_log"], None)),
         "env": (kinds["env"] or [{}])[0].get("env", {}),

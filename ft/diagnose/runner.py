@@ -132,6 +132,8 @@ def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
             break
     finally:
         target.stop()
+        for record in target.final_records():
+            stream.write(record)
         if sampler is not None:
             sampler.close()  # the agent's last lines, written up to the target's end
     code = target.poll()

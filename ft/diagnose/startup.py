@@ -35,8 +35,8 @@ def parse(log: str) -> dict:
         facts["hybrid_fetch_pct"] = float(facts["hybrid_fetch_pct"])
     if "pool_threads" in facts:
         facts["pool_threads"] = int(facts["pool_threads"])
-    if facts:
-        facts["expects_cpu_pool"] = facts.get("strategy") == "hybrid" or "pool_threads" in facts
+    if "strategy" in facts:  # the resolved one: `auto` may have become hybrid
+        facts["expects_cpu_pool"] = facts["strategy"] == "hybrid"
     return facts
 
 

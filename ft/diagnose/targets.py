@@ -61,6 +61,10 @@ class ProcessTarget:
         """Records the target adds to the stream each interval (throughput for the server)."""
         return []
 
+    def final_records(self) -> list[dict]:
+        """Records written once the target is stopped (the workload's figures for the server)."""
+        return []
+
     def finished(self) -> bool:
         """The target's own work is done (a workload completed); a plain command never is."""
         return False

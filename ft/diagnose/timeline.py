@@ -37,7 +37,8 @@ def plot(path: Path, kinds: dict[str, list[dict]], roles: dict[int, tuple[str, s
     t0 = recs[0]["t"] if recs else 0.0
     series = _cpu_series(recs, t0, roles)
     busiest = sorted(series, key=lambda k: -sum(v for _, v in series[k]))[:TOP]
-    rows = 3 if kinds["throughput"] else 2
+    rates = [(r["t"] - t0, r["tok_s"]) for r in kinds["throughput"] if r.get("tok_s") is not None]
+    rows = 3 if rates else 2
     fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), sharex=True)
     for name in busiest:
         xs, ys = zip(*series[name], strict=True) if series[name] else ((), ())
@@ -46,8 +47,7 @@ def plot(path: Path, kinds: dict[str, list[dict]], roles: dict[int, tuple[str, s
     axes[0].legend(fontsize="small", loc="upper right")
     _gpu_axis(axes[1], kinds["gpu"], t0)
     if rows == 3:
-        pts = [(r["t"] - t0, r.get("tok_s", 0.0)) for r in kinds["throughput"]]
-        axes[2].plot(*zip(*pts, strict=True), color="tab:green")
+        axes[2].plot(*zip(*rates, strict=True), color="tab:green")
         axes[2].set_ylabel("decode tok/s")
     axes[-1].set_xlabel("seconds")
     fig.tight_layout()

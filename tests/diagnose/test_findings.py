@@ -48,6 +48,10 @@ def test_cpu_pool_idle_when_expected_and_others_work():
     assert "cpu-pool-idle" not in ids(stream([engine_main(cpu=1, state="S"), *pool(4)]))  # no work
 
 
+def test_cpu_pool_idle_not_expected_under_offload_even_with_a_pool():
+    assert "cpu-pool-idle" not in ids(stream([engine_main(), *pool(4)]), expects_cpu_pool=False)
+
+
 def test_cpu_pool_idle_when_hybrid_has_no_pool_at_all():
     recs = stream([engine_main(cpu=1, state="S")], gpu={"util_pct": 60})
     (f,) = rules.cpu_pool_idle(summarize(recs, {"expects_cpu_pool": True, "strategy": "hybrid"}))

@@ -1,0 +1,45 @@
+"""Engine mode's plumbing on a stand-in server: ready line, workload, throughput, strategy."""
+
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from ft.diagnose.runner import DiagnoseConfig, diagnose
+from ft.diagnose.server_target import ServerTarget, WorkloadSpec
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.timeout(120)
+FAKE = [sys.executable, str(REPO_ROOT / "tests/assets/fake_serve.py")]
+
+
+def fake_workload(url: str, spec: WorkloadSpec):
+    assert url.startswith("http://127.0.0.1:")
+    time.sleep(2.5)  # while the probes sample the server
+    return SimpleNamespace(e2e_decode_tok_s=0.5, ttft_s=1.0, engine_decode_tok_s=0.5,
+                           throughput_tok_s=0.5)  # fmt: skip
+
+
+def run(tmp_path, strategy: str) -> dict:
+    out = tmp_path / strategy
+    target = ServerTarget(strategy, [], out / "target.log", WorkloadSpec(), FAKE, fake_workload)
+    config = DiagnoseConfig(out, duration=30, interval=0.25, stack_source="agent")
+    outcome, report = diagnose(target, config)
+    assert outcome.stopped_by == "finished"
+    return report
+
+
+def test_hybrid_with_the_inline_fault_names_the_engine_thread(tmp_path):
+    report = run(tmp_path, "hybrid")
+    ids = [f["id"] for f in report["findings"]]
+    assert ids[:2] == ["hot-thread-gpu-idle", "cpu-pool-idle"]
+    assert "inline_expert_ffn" in report["findings"][0]["title"]
+    assert report["context"]["strategy"] == "hybrid" and report["context"]["workload"] is True
+    assert report["throughput"]["e2e_decode_tok_s"] == 0.5
+    assert "CPU MoE executor ready" in "\n".join(report["startup"])
+
+
+def test_offload_without_the_fault_has_no_such_finding(tmp_path):
+    report = run(tmp_path, "offload")
+    assert [f["id"] for f in report["findings"]] == []
