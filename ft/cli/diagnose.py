@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -10,21 +11,33 @@ from typing import Annotated
 
 import typer
 
+from ft.errors import FtError
+
+_ENGINE_MODULES = ("ft.engine.server", "ft.bench.workload")
+
 
 def register(app: typer.Typer) -> None:
-    app.command("diagnose")(diagnose)
-
-
-def _default_out() -> Path:
-    return Path("ft-diagnose-" + time.strftime("%Y%m%d-%H%M%S"))
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True}
+    app.command("diagnose", context_settings=settings)(diagnose)
 
 
 def diagnose(
+    ctx: typer.Context,
     cmd: Annotated[
         str | None, typer.Option("--cmd", help="Run this command under the probes (any program).")
     ] = None,
+    strategy: Annotated[
+        str | None, typer.Option("--strategy", help="Engine mode: `ft serve --moe-strategy S`.")
+    ] = None,
+    vs: Annotated[
+        str | None, typer.Option("--vs", help="Engine mode: run this strategy too, side by side.")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Engine mode: model dir.")] = None,
+    prompts: Annotated[int, typer.Option("--prompts", help="Engine mode: requests.")] = 4,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per request.")] = 64,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Requests at once.")] = 1,
     duration: Annotated[
-        float, typer.Option("--duration", help="Seconds to sample at most (less if it exits).")
+        float, typer.Option("--duration", help="Seconds to sample at most (less if it ends).")
     ] = 10.0,
     interval: Annotated[
         float, typer.Option("--interval", help="Seconds between thread and GPU samples.")
@@ -43,29 +56,75 @@ def diagnose(
 ) -> None:
     """Sample threads, GPU and Python stacks of a target, then apply the findings rules.
 
-    Writes report.md (paste into an issue), report.json, stacks.collapsed, timeline.png and the raw
-    samples.jsonl into the report folder. Ctrl-C stops early and still writes the report.
+    --cmd runs any program; --strategy starts `ft serve` (unknown options go to it) + workload.
+
+    Writes report.md, report.json, stacks.collapsed, timeline.png, samples.jsonl into --out.
+
+    Ctrl-C, SIGTERM or SIGHUP stop early and still write the report.
     """
     from ft.diagnose.runner import DiagnoseConfig
+
+    if (cmd is None) == (strategy is None):
+        raise FtError('give either --cmd "COMMAND" or --strategy S')
+    if cmd is not None and (ctx.args or vs):
+        raise FtError(f"unexpected with --cmd: {' '.join(ctx.args) or '--vs'}")
+    out = out or Path("ft-diagnose-" + time.strftime("%Y%m%d-%H%M%S"))
+    config = DiagnoseConfig(out, duration, interval, stack_source)
+    if cmd is not None:
+        _run_command(cmd, config, json_out)
+    else:
+        serve_args = [*(["--model", model] if model else []), *ctx.args]
+        spec = (prompts, max_tokens, concurrency)
+        _run_engine([strategy] + ([vs] if vs else []), serve_args, spec, config, json_out)
+
+
+def _run_command(cmd: str, config, json_out: bool) -> None:
     from ft.diagnose.runner import diagnose as run_diagnose
     from ft.diagnose.targets import CommandTarget
-    from ft.errors import FtError
 
-    if cmd is None:
-        raise FtError('give --cmd "COMMAND" (the engine mode, --strategy, is not built yet)')
-    out = out or _default_out()
-    config = DiagnoseConfig(out, duration, interval, stack_source)
-    target = CommandTarget(cmd, out / "target.log")
+    target = CommandTarget(cmd, config.out_dir / "target.log")
     outcome, report = run_diagnose(target, config)
-    if json_out:
-        typer.echo(json.dumps(report, indent=2, default=str))
-    else:
-        _print(report, out)
+    _show(report, config.out_dir, json_out)
     if outcome.signal_num is not None:
         sys.exit(128 + outcome.signal_num)
 
 
-def _print(report: dict, out: Path) -> None:
+def _run_engine(strategies: list[str], serve_args: list[str], spec, config, json_out) -> None:
+    from dataclasses import replace
+
+    from ft.diagnose.compare import write_comparison
+    from ft.diagnose.runner import diagnose as run_diagnose
+    from ft.diagnose.server_target import ServerTarget, WorkloadSpec
+
+    missing = [m for m in _ENGINE_MODULES if not _importable(m)]
+    if missing:
+        raise FtError(f"engine mode needs {', '.join(missing)}, which this install lacks")
+    runs = {}
+    for strategy in strategies:
+        out = config.out_dir / strategy if len(strategies) > 1 else config.out_dir
+        target = ServerTarget(strategy, serve_args, out / "target.log", WorkloadSpec(*spec))
+        outcome, runs[strategy] = run_diagnose(target, replace(config, out_dir=out))
+        if outcome.signal_num is not None:
+            _show(runs[strategy], out, json_out)
+            sys.exit(128 + outcome.signal_num)
+    if len(runs) == 1:
+        _show(runs[strategies[0]], config.out_dir, json_out)
+        return
+    md = write_comparison(config.out_dir, runs)
+    typer.echo(json.dumps(runs, indent=2, default=str) if json_out else md)
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing
+        return False
+
+
+def _show(report: dict, out: Path, json_out: bool) -> None:
+    if json_out:
+        typer.echo(json.dumps(report, indent=2, default=str))
+        return
     from rich.console import Console
 
     console = Console()

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from ft.diagnose.compare import write_comparison
 from ft.diagnose.runner import DiagnoseConfig, diagnose
 from ft.diagnose.server_target import ServerTarget, WorkloadSpec
 from tests.conftest import REPO_ROOT
@@ -21,6 +22,12 @@ def fake_workload(url: str, spec: WorkloadSpec):
                            throughput_tok_s=0.5)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("engine")
+    return {s: run(base, s) for s in ("hybrid", "offload")}
+
+
 def run(tmp_path, strategy: str) -> dict:
     out = tmp_path / strategy
     target = ServerTarget(strategy, [], out / "target.log", WorkloadSpec(), FAKE, fake_workload)
@@ -30,8 +37,8 @@ def run(tmp_path, strategy: str) -> dict:
     return report
 
 
-def test_hybrid_with_the_inline_fault_names_the_engine_thread(tmp_path):
-    report = run(tmp_path, "hybrid")
+def test_hybrid_with_the_inline_fault_names_the_engine_thread(runs):
+    report = runs["hybrid"]
     ids = [f["id"] for f in report["findings"]]
     assert ids[:2] == ["hot-thread-gpu-idle", "cpu-pool-idle"]
     assert "inline_expert_ffn" in report["findings"][0]["title"]
@@ -40,6 +47,15 @@ def test_hybrid_with_the_inline_fault_names_the_engine_thread(tmp_path):
     assert "CPU MoE executor ready" in "\n".join(report["startup"])
 
 
-def test_offload_without_the_fault_has_no_such_finding(tmp_path):
-    report = run(tmp_path, "offload")
-    assert [f["id"] for f in report["findings"]] == []
+def test_offload_without_the_fault_has_no_such_finding(runs):
+    assert [f["id"] for f in runs["offload"]["findings"]] == []
+    assert runs["offload"]["context"]["expects_cpu_pool"] is False
+
+
+def test_side_by_side(tmp_path, runs):
+    md = write_comparison(tmp_path, runs)
+    hybrid, offload = (
+        line for line in md.splitlines() if line.startswith(("| hybrid", "| offload"))
+    )
+    assert "hot-thread-gpu-idle" in hybrid and "hot-thread-gpu-idle" not in offload
+    assert "MainThread" in hybrid and "[report](hybrid/report.md)" in hybrid
