@@ -65,3 +65,24 @@ def test_reader_waits_for_a_line_still_being_written(tmp_path):
     with open(path, "a") as f:
         f.write('cks", "n": 2}\n')
     assert [r["n"] for r in reader.read_new()] == [2]
+
+
+def test_a_forked_child_is_sampled_too(tmp_path):
+    code = """
+import os, time
+pid = os.fork()
+if pid == 0:
+    def forked_child_work():
+        time.sleep(0.5)
+    forked_child_work()
+    os._exit(0)
+time.sleep(0.2)
+os.waitpid(pid, 0)
+"""
+    records = run_with_agent(tmp_path, code)
+    pids = {r["pid"] for r in records if r["kind"] == "stacks"}
+    assert len(pids) == 2
+    frames = [
+        f for r in records if r["kind"] == "stacks" for t in r["threads"] for f in t["frames"]
+    ]
+    assert any(f.startswith("forked_child_work (") for f in frames)

@@ -6,8 +6,11 @@ does nothing. Standard library only: `ft` itself may not be importable in the ta
 is one JSON line, flushed at once, so a target killed mid-run still leaves every sample taken.
 """
 
+import json  # imported here, not in the agent's thread: a fork mid-import would break the child
 import os
 import sys
+import threading
+import time
 
 
 def _chain_previous_sitecustomize() -> None:
@@ -24,19 +27,25 @@ def _chain_previous_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
-def _frame_list(frame) -> list:
-    """Root-first frames as 'function (file:line)', the form py-spy and flamegraphs use."""
-    frames = []
+def _stack_key(frame) -> tuple:
+    """Root-first (code, line) pairs: cheap to build and hash on every sample."""
+    key = []
     while frame is not None:
-        code = frame.f_code
-        name = getattr(code, "co_qualname", code.co_name)
-        frames.append(f"{name} ({os.path.basename(code.co_filename)}:{frame.f_lineno})")
+        key.append((frame.f_code, frame.f_lineno))
         frame = frame.f_back
-    frames.reverse()
-    return frames
+    key.reverse()
+    return tuple(key)
 
 
-def _sample(threading, own_ident: int, stack_ids: dict, defs: list) -> list:
+def _frame_names(key: tuple) -> list:
+    """'function (file:line)', the form py-spy and flamegraphs use; only for stacks new to us."""
+    return [
+        f"{getattr(c, 'co_qualname', c.co_name)} ({os.path.basename(c.co_filename)}:{line})"
+        for c, line in key
+    ]
+
+
+def _sample(own_ident: int, stack_ids: dict, defs: list) -> list:
     """Each thread's stack as an id; a stack seen for the first time is defined in `defs`."""
     by_ident = {t.ident: t for t in threading.enumerate()}
     out = []
@@ -44,11 +53,10 @@ def _sample(threading, own_ident: int, stack_ids: dict, defs: list) -> list:
         if ident == own_ident:  # never report the agent itself
             continue
         thread = by_ident.get(ident)
-        frames = _frame_list(frame)
-        key = tuple(frames)
+        key = _stack_key(frame)
         if key not in stack_ids:
             stack_ids[key] = len(stack_ids)
-            defs.append({"id": stack_ids[key], "frames": frames})
+            defs.append({"id": stack_ids[key], "frames": _frame_names(key)})
         out.append(
             {
                 "ident": ident,
@@ -61,9 +69,13 @@ def _sample(threading, own_ident: int, stack_ids: dict, defs: list) -> list:
 
 
 def _run(path: str, interval: float) -> None:
-    import json
-    import threading
-    import time
+    try:
+        _loop(path, interval)
+    except Exception as exc:  # disk full, folder removed: stop sampling, never hurt the target
+        sys.stderr.write(f"ft stack agent stopped: {exc}\n")
+
+
+def _loop(path: str, interval: float) -> None:
 
     own = threading.get_ident()
     pid = os.getpid()
@@ -77,7 +89,7 @@ def _run(path: str, interval: float) -> None:
                 stack_ids.clear()
                 record["reset"] = True
             defs: list = []
-            record["threads"] = _sample(threading, own, stack_ids, defs)
+            record["threads"] = _sample(own, stack_ids, defs)
             record["defs"] = defs
             out.write(json.dumps(record, separators=(",", ":")) + "\n")
             out.flush()  # line-buffered already; explicit so a SIGKILL loses nothing written
@@ -88,7 +100,9 @@ def _start() -> None:
     folder = os.environ.get("FT_AGENT_OUT")
     if not folder:
         return
-    import threading
+    if not getattr(_start, "registered", False):  # a forked child samples itself too
+        os.register_at_fork(after_in_child=_start)
+        _start.registered = True
 
     interval = float(os.environ.get("FT_AGENT_INTERVAL") or 0.05)
     path = os.path.join(folder, f"stacks-{os.getpid()}.jsonl")
