@@ -52,3 +52,51 @@ def test_pyspy_record_is_root_first_like_the_agents():
     assert rec["source"] == "py-spy"
     assert rec["threads"][0]["frames"] == ["<module> (a.py:9)", "leaf (a.py:3)"]
     assert rec["threads"][0]["tid"] == 7
+
+
+def fake_nvml(util: int = 0, rx_kbs: int = 12_000_000):
+    """A stand-in pynvml: one gen-3 x16 board, so the GPU path runs on a CPU-only box."""
+    from types import SimpleNamespace as NS
+
+    def throughput(handle, counter):
+        if counter == "rx":
+            return rx_kbs
+        raise RuntimeError("not supported")  # TX unsupported: that field reads None
+
+    return NS(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetName=lambda h: "Fake RTX 24GB",
+        nvmlDeviceGetUtilizationRates=lambda h: NS(gpu=util, memory=0),
+        nvmlDeviceGetMemoryInfo=lambda h: NS(used=21_962 * 2**20, total=24_576 * 2**20),
+        nvmlDeviceGetClockInfo=lambda h, clock: 2100,
+        nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 3,
+        nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
+        nvmlDeviceGetPcieThroughput=throughput,
+        nvmlSystemGetDriverVersion=lambda: "580.1",
+        NVML_PCIE_UTIL_RX_BYTES="rx",
+        NVML_PCIE_UTIL_TX_BYTES="tx",
+        NVML_CLOCK_SM="sm",
+    )
+
+
+def test_gpu_probe_reads_every_field_through_nvml(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_nvml(util=7))
+    probe = gpu.GpuProbe()
+    (device,) = probe.sample()["devices"]
+    assert probe.available and probe.driver() == "580.1"
+    assert device["util_pct"] == 7 and device["mem_used_mib"] == 21_962
+    assert (device["pcie_gen"], device["pcie_width"], device["sm_clock_mhz"]) == (3, 16, 2100)
+    assert device["pcie_rx_bytes_s"] == 12_000_000 * 1024 and device["pcie_tx_bytes_s"] is None
+
+
+def test_fetch_bound_from_a_real_probe_sample(monkeypatch):
+    from ft.diagnose.findings import fetch_bound
+    from ft.diagnose.summary import summarize
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_nvml(util=3))
+    samples = [gpu.GpuProbe().sample() for _ in range(3)]
+    (finding,) = fetch_bound(summarize(samples))
+    assert finding.evidence["pcie_gen"] == 3 and finding.evidence["pcie_rx_gbs"] > 12
