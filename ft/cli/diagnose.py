@@ -37,8 +37,11 @@ def diagnose(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per request.")] = 64,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Requests at once.")] = 1,
     duration: Annotated[
-        float, typer.Option("--duration", help="Seconds to sample at most (less if it ends).")
-    ] = 10.0,
+        float | None,
+        typer.Option(
+            "--duration", help="Seconds to sample at most (default 10; engine mode 900: a limit)."
+        ),
+    ] = None,
     interval: Annotated[
         float, typer.Option("--interval", help="Seconds between thread and GPU samples.")
     ] = 0.5,
@@ -69,6 +72,7 @@ def diagnose(
     if cmd is not None and (ctx.args or vs):
         raise FtError(f"unexpected with --cmd: {' '.join(ctx.args) or '--vs'}")
     out = out or Path("ft-diagnose-" + time.strftime("%Y%m%d-%H%M%S"))
+    duration = duration if duration is not None else (10.0 if cmd is not None else 900.0)
     config = DiagnoseConfig(out, duration, interval, stack_source)
     if cmd is not None:
         _run_command(cmd, config, json_out)

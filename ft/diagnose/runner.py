@@ -102,6 +102,25 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
     return outcome
 
 
+def _loop(target, config, sampler, stream, stop, got) -> str:
+    """Sample every interval until a signal, the target's exit or end of work, or the deadline."""
+    deadline = time.monotonic() + config.duration
+    while True:
+        tick_at = time.monotonic()
+        sampler.tick()
+        for record in target.tick():
+            stream.write(record)
+        if stop.is_set():
+            return signal.Signals(got[0]).name
+        if target.poll() is not None:
+            return "target-exit"
+        if target.finished():
+            return "finished"
+        if time.monotonic() >= deadline:
+            return "duration"
+        stop.wait(max(0.0, config.interval - (time.monotonic() - tick_at)))
+
+
 def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
     if stop.is_set():  # a signal came while ft was still collecting the environment
         return RunOutcome(stream.path, signal.Signals(got[0]).name, None, got[0])
@@ -112,24 +131,13 @@ def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
         sampler = Sampler(
             pid, stream, agent_dir, SamplerConfig(config.interval, config.stack_source)
         )
-        deadline = time.monotonic() + config.duration
-        while True:
-            tick_at = time.monotonic()
-            sampler.tick()
-            for record in target.tick():
-                stream.write(record)
-            if stop.is_set():
-                stopped_by = signal.Signals(got[0]).name
-            elif target.poll() is not None:
-                stopped_by = "target-exit"
-            elif target.finished():
-                stopped_by = "finished"
-            elif time.monotonic() >= deadline:
-                stopped_by = "duration"
-            else:
-                stop.wait(max(0.0, config.interval - (time.monotonic() - tick_at)))
-                continue
-            break
+        stopped_by = _loop(target, config, sampler, stream, stop, got)
+    except FtError:
+        raise
+    except Exception as exc:  # a probe's bug must not cost the samples already taken
+        get_logger("ft.diagnose").warning("sampling stopped: %s: %s", type(exc).__name__, exc)
+        stream.write({"kind": "event", "t": time.time(), "event": "ft-error", "detail": repr(exc)})
+        stopped_by = "ft-error"
     finally:
         target.stop()
         for record in target.final_records():
