@@ -64,7 +64,9 @@ def _waiting_text(t: ThreadSummary) -> str:
 
 
 def _frames_text(t: ThreadSummary) -> str:
-    return " <- ".join(t.hottest_frames) if t.hottest_frames else "unknown (no stack samples)"
+    if t.hottest_frames:
+        return " <- ".join(t.hottest_frames)
+    return "unknown (no Python stack: a native thread, or no stack source)"
 
 
 def hot_thread_gpu_idle(s: Summary) -> list[Finding]:

@@ -155,7 +155,7 @@ def _gpu(r: dict) -> str:
 def _environment(r: dict) -> str:
     env = dict(r["env"])
     variables = env.pop("env", {})
-    rows = [(k, _short(v).strip("`")) for k, v in env.items()]
+    rows = [(k, "-" if v is None else _short(v).strip("`")) for k, v in env.items()]
     body = md_table(("fact", "value"), rows)
     if variables:
         body += "\n\n" + md_table(("variable", "value"), sorted(variables.items()))

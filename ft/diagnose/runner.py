@@ -82,6 +82,7 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
     stop = stop if stop is not None else threading.Event()
     got = got if got is not None else []
     out = config.out_dir
+    _check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     stream = Stream(out / STREAM)
     agent_dir = None if config.stack_source == "py-spy" else out / "agent"
@@ -100,6 +101,14 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
     finally:
         stream.close()
     return outcome
+
+
+def _check_out_dir(out: Path) -> None:
+    """One run per folder: appending to an earlier run's samples would mix two runs' numbers."""
+    if out.exists() and not out.is_dir():
+        raise FtError(f"--out {out} is a file, not a folder")
+    if (out / STREAM).exists():
+        raise FtError(f"--out {out} already holds a diagnose run; give a new folder")
 
 
 def _loop(target, config, sampler, stream, stop, got) -> str:

@@ -159,3 +159,10 @@ def test_bad_input_is_one_line_error(tmp_path):
     )
     assert proc.returncode == 1 and "error: cannot start" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_folder_is_never_reused(tmp_path):
+    (tmp_path / "samples.jsonl").write_text("earlier run\n")
+    proc = run_ft("diagnose", "--cmd", "true", "--out", str(tmp_path))
+    assert proc.returncode == 1 and "already holds a diagnose run" in proc.stderr
+    assert (tmp_path / "samples.jsonl").read_text() == "earlier run\n"
