@@ -186,20 +186,24 @@ def fetch_bound(s: Summary) -> list[Finding]:
 
 
 def run_queue_delay(s: Summary) -> list[Finding]:
-    """More threads want to run than there are cores: schedstat shows time spent waiting for one."""
+    """Threads wait for a core (schedstat run delay): more runnable threads than cores, the
+    target's own or, when it alone does not fill the cores, other processes'."""
     live = [t for t in s.threads if t.samples > 1]
     running = sum(t.cpu_pct for t in live) / 100
     waiting = sum(t.delay_pct for t in live) / 100
-    if waiting < RUNNABLE_EXCESS or running + waiting <= s.cores:
+    if waiting < RUNNABLE_EXCESS:
         return []
+    own = running + waiting > s.cores
     worst = sorted(live, key=lambda t: -t.delay_pct)[:5]
+    cause = "the target's own threads outnumber the cores" if own else "other processes hold cores"
     return [
         Finding(
             id="run-queue-delay",
             severity="warning",
             title=(
-                f"on average {running + waiting:.1f} threads were runnable for {s.cores} cores; "
-                f"{waiting:.2f} of them waited for a core"
+                f"threads waited for a core: on average {waiting:.2f} of the target's "
+                f"{running + waiting:.1f} runnable threads were waiting, on {s.cores} cores; "
+                f"{cause}"
             ),
             evidence={
                 "runnable_mean": round(running + waiting, 2),
@@ -210,7 +214,8 @@ def run_queue_delay(s: Summary) -> list[Finding]:
             },
             next_step=(
                 "Fewer threads than cores: lower the CPU MoE pool size or torch intra-op threads "
-                "(OMP_NUM_THREADS), or stop what else runs on the box."
+                "(OMP_NUM_THREADS)"
+                + ("." if own else "; first stop what else runs on the box (top, by CPU).")
             ),
             threads=[t.tid for t in worst],
         )
@@ -231,8 +236,8 @@ def core_overlap(s: Summary) -> list[Finding]:
             id="core-overlap",
             severity="warning" if busy else "info",
             title=(
-                f"{len(shared)} torch intra-op threads may run on the {len(pool_cores)} cores "
-                "pinned to the CPU MoE pool"
+                f"{len(shared)} torch intra-op threads may run on the {len(pool_cores)} "
+                f"core{'s' if len(pool_cores) > 1 else ''} pinned to the CPU MoE pool"
             ),
             evidence={
                 "pool_cores": sorted(pool_cores),

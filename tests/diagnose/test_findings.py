@@ -73,8 +73,9 @@ def test_run_queue_delay_when_runnable_threads_exceed_cores():
     crowd = [T(400 + k, cpu=50, delay=50, state="R") for k in range(4)]
     (f,) = rules.run_queue_delay(summarize(stream(crowd, cores=2)))
     assert f.evidence["cores"] == 2 and f.evidence["runnable_mean"] == 4.0
-    assert f.evidence["waiting_mean"] == 2.0
-    assert not rules.run_queue_delay(summarize(stream(crowd, cores=16)))
+    assert f.evidence["waiting_mean"] == 2.0 and "target's own threads" in f.title
+    (other,) = rules.run_queue_delay(summarize(stream(crowd, cores=16)))
+    assert "other processes hold cores" in other.title
     calm = [T(400 + k, cpu=50, state="R") for k in range(4)]
     assert not rules.run_queue_delay(summarize(stream(calm, cores=2)))
 
