@@ -1,4 +1,13 @@
-"""The report directory: report.json (schema 1), report.md, stacks.collapsed, timeline.png."""
+"""The report directory: report.json (schema 1), report.md, stacks.collapsed, timeline.png.
+
+report.json, schema 1 (a key is only ever added; a change of meaning bumps "schema"):
+    schema, kind="ft-diagnose", created (UTC), target {kind, argv, command|strategy, ...},
+    config {duration, interval, stack_source, ...}, context {strategy, expects_cpu_pool, ...},
+    run {duration_s, stopped_by, exit_code, thread_samples, stack_source, stack_samples},
+    findings [{id, severity, title, evidence, next_step, threads}], threads [ThreadSummary],
+    gpu GpuSummary, throughput (the workload's figures) | null, events, startup [lines],
+    env (as `ft env --json`), files {role: file name}.
+"""
 
 from __future__ import annotations
 

@@ -103,6 +103,12 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
     return outcome
 
 
+def _sampler_config(config: DiagnoseConfig) -> SamplerConfig:
+    """py-spy pauses the target per dump: sparse beside the agent, every interval when alone."""
+    every = config.interval if config.stack_source == "py-spy" else max(2.0, 4 * config.interval)
+    return SamplerConfig(config.interval, config.stack_source, pyspy_every=every)
+
+
 def _check_out_dir(out: Path) -> None:
     """One run per folder: appending to an earlier run's samples would mix two runs' numbers."""
     if out.exists() and not out.is_dir():
@@ -137,9 +143,7 @@ def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
     sampler = None
     stopped_by = "duration"
     try:
-        sampler = Sampler(
-            pid, stream, agent_dir, SamplerConfig(config.interval, config.stack_source)
-        )
+        sampler = Sampler(pid, stream, agent_dir, _sampler_config(config))
         stopped_by = _loop(target, config, sampler, stream, stop, got)
     except FtError:
         raise

@@ -94,6 +94,16 @@ def test_ptrace_denied_falls_back_to_the_agent(tmp_path):
     assert finding_ids(report)[0] == "hot-thread-gpu-idle"
 
 
+def test_py_spy_alone_where_ptrace_is_permitted(tmp_path):
+    report = diagnose(tmp_path, "busy_main.py", "--stack-source", "py-spy")
+    if "ptrace-denied" in finding_ids(report):
+        pytest.skip("ptrace is not permitted here")
+    assert report["run"]["stack_source"] == "py-spy"
+    assert not (tmp_path / "report" / "agent").exists()  # no agent injected
+    assert "spin_inline_experts" in thread(report, "MainThread")["top_stack"][-1]
+    assert finding_ids(report)[0] == "hot-thread-gpu-idle"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_writes_the_report_and_stops_a_stopped_target(tmp_path, sig):
     out = tmp_path / "report"
