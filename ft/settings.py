@@ -16,6 +16,11 @@ def log_level() -> str:
     return os.environ.get("FT_LOG_LEVEL", "INFO").upper()
 
 
+def api_key() -> str | None:
+    """FT_API_KEY: the key `ft serve` requires and `ft bench serve` sends (default: none)."""
+    return os.environ.get("FT_API_KEY") or None
+
+
 # The stack agent runs inside the target, where `ft` may not be importable: it reads these two by
 # name (ft/probes/agent/sitecustomize.py); `ft diagnose` sets them through the functions below.
 AGENT_OUT = "FT_AGENT_OUT"

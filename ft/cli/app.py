@@ -70,11 +70,14 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, diagnose, env
+    from ft.cli import bench, diagnose, env, generate, model, serve
 
     env.register(app)
     diagnose.register(app)
     bench.register(app)
+    model.register(app)
+    generate.register(app)
+    serve.register(app)
 
 
 _register()
