@@ -73,10 +73,14 @@ def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
     """The seed's: a thread burning a core while neither the GPU nor the CPU expert pool works."""
     if not (gpu_idle(s) and pool_idle(s)):
         return []
+    if s.context.get("device") == "cpu" and not s.context.get("expects_cpu_pool"):
+        return []  # an engine on the CPU device does its "accelerator" work on its own thread
     hot = [
         t
         for t in s.threads
-        if t.role not in (roles.POOL, AGENT) and wants_a_core(t) and t.r_frac >= HOT_R_FRAC
+        if t.role not in (roles.POOL, roles.TORCH, AGENT)  # torch workers serve the caller
+        and wants_a_core(t)
+        and t.r_frac >= HOT_R_FRAC
     ]
     pool = s.by_role(roles.POOL)
     return [

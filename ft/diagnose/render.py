@@ -37,7 +37,8 @@ def _header(r: dict) -> str:
     )
     exit_text = f", exit code {run['exit_code']}" if run["exit_code"] is not None else ""
     return (
-        f"# ft diagnose\n\n`{target}`: {run['duration_s']:.1f} s sampled, stopped by "
+        f"# ft diagnose\n\n`{target}`: {run['duration_s']:.1f} s sampled"
+        f"{' (the workload window)' if run.get('window') == 'workload' else ''}, stopped by "
         f"{run['stopped_by']}{exit_text}; {run['thread_samples']} thread samples, {stacks}."
     )
 

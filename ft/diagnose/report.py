@@ -53,6 +53,7 @@ def write_report(out_dir: Path, outcome) -> dict:
         "context": context,
         "run": {
             "duration_s": summary.duration_s,
+            "window": summary.window,
             "stopped_by": outcome.stopped_by,
             "exit_code": outcome.exit_code,
             "thread_samples": len(kinds["threads"]),

@@ -53,13 +53,18 @@ class ServerTarget(ProcessTarget):
         self._thread: threading.Thread | None = None
         self.result = None
         self.error: str | None = None
+        self._done_marked = False
 
     def tick(self) -> list[dict]:
+        """Phase marks (findings look at the workload's span only) and the engine's tok/s."""
         if self.url is None:
             self._check_ready()
-            return []
+            return [{"kind": "phase", "t": time.time(), "phase": "workload"}] if self.url else []
         if self._thread is not None and not self._thread.is_alive():
-            return []
+            if self._done_marked:
+                return []
+            self._done_marked = True
+            return [{"kind": "phase", "t": time.time(), "phase": "done"}]
         rate = self._engine_rate()
         return [{"kind": "throughput", "t": time.time(), "tok_s": rate}] if rate is not None else []
 

@@ -76,6 +76,7 @@ class Summary:
     stack_samples: int
     events: list[dict]
     context: dict  # from the target: strategy, whether CPU expert work is expected, ...
+    window: str = "whole run"  # or "workload": only samples taken while the workload ran
 
     def by_role(self, role: str) -> list[ThreadSummary]:
         return [t for t in self.threads if t.role == role]
@@ -88,8 +89,19 @@ def by_kind(records: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def workload_window(records: list[dict]) -> tuple[list[dict], bool]:
+    """Only the workload's span where the target marks one: an engine's load is not its decode."""
+    marks = {r["phase"]: r["t"] for r in records if r.get("kind") == "phase"}
+    if "workload" not in marks:
+        return records, False
+    lo, hi = marks["workload"], marks.get("done", float("inf"))
+    timed = ("threads", "gpu", "stacks")
+    return [r for r in records if r.get("kind") not in timed or lo <= r["t"] <= hi], True
+
+
 def summarize(records: list[dict], context: dict | None = None) -> Summary:
-    kinds = by_kind(expand_stacks(records))
+    records, windowed = workload_window(expand_stacks(records))
+    kinds = by_kind(records)
     stacks, source = _primary_stacks(kinds["stacks"])
     thread_recs = kinds["threads"]
     times = [r["t"] for r in thread_recs]
@@ -104,6 +116,7 @@ def summarize(records: list[dict], context: dict | None = None) -> Summary:
         stack_samples=len(stacks),
         events=kinds["event"],
         context=context or next((r.get("context", {}) for r in kinds["start"]), {}),
+        window="workload" if windowed else "whole run",
     )
 
 

@@ -110,3 +110,23 @@ def test_a_starved_spinning_thread_is_still_hot():
     assert "+58% runnable, waiting for a core" in f.title
     sleepy = T(100, name="MainThread", cpu=40, delay=0, state="R")
     assert not rules.hot_thread_gpu_idle(summarize(stream([sleepy, *pool(2)])))
+
+
+def test_only_the_workload_window_counts():
+    loading = stream([engine_main(), *pool(2)], ticks=6)  # hot while it loads the model
+    serving = stream([engine_main(cpu=2, state="S"), *pool(2, cpu=40)], ticks=6)
+    for rec in serving:
+        rec["t"] = rec.get("t", 0.0) + 100
+    marks = [{"kind": "phase", "t": 100.0, "phase": "workload"}]
+    s = summarize(loading + marks + serving[1:])
+    assert s.window == "workload" and not rules.hot_thread_gpu_idle(s)
+    assert s.threads[0].cpu_pct == 40 and s.by_role("main")[0].cpu_pct == 2
+    whole = summarize(loading + serving[1:])  # unmarked: the load's samples count too
+    assert whole.window == "whole run" and whole.by_role("main")[0].cpu_pct > 40
+
+
+def test_cpu_device_engine_thread_is_not_the_seed_pattern_unless_hybrid():
+    recs = stream([engine_main()])
+    assert not rules.hot_thread_gpu_idle(summarize(recs, {"device": "cpu"}))
+    hybrid = {"device": "cpu", "expects_cpu_pool": True}
+    assert rules.hot_thread_gpu_idle(summarize(stream([engine_main(), *pool(2)]), hybrid))

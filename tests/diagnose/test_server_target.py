@@ -1,5 +1,6 @@
 """Engine mode's plumbing on a stand-in server: ready line, workload, throughput, strategy."""
 
+import json
 import sys
 import time
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ import pytest
 from ft.diagnose.compare import write_comparison
 from ft.diagnose.runner import DiagnoseConfig, diagnose
 from ft.diagnose.server_target import ServerTarget, WorkloadSpec
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_ft
 
 pytestmark = pytest.mark.timeout(120)
 FAKE = [sys.executable, str(REPO_ROOT / "tests/assets/fake_serve.py")]
@@ -59,3 +60,23 @@ def test_side_by_side(tmp_path, runs):
     )
     assert "hot-thread-gpu-idle" in hybrid and "hot-thread-gpu-idle" not in offload
     assert "MainThread" in hybrid and "[report](hybrid/report.md)" in hybrid
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_engine_mode_on_the_real_server_side_by_side(tmp_path):
+    out = tmp_path / "report"
+    args = ["diagnose", "--strategy", "offload", "--vs", "resident", "--prompts", "2",
+            "--max-tokens", "16", "--interval", "0.25", "--stack-source", "agent",
+            "--out", str(out)]  # fmt: skip
+    proc = run_ft(*args)
+    assert proc.returncode == 0, proc.stderr
+    for strategy in ("offload", "resident"):
+        report = json.loads((out / strategy / "report.json").read_text())
+        assert report["run"]["stopped_by"] == "finished" and report["run"]["window"] == "workload"
+        assert report["context"]["strategy"] == strategy
+        assert report["throughput"]["e2e_decode_tok_s"] > 0
+        assert "ft-engine" in {t["name"] for t in report["threads"] if t["role"] == "engine"}
+        assert "hot-thread-gpu-idle" not in [f["id"] for f in report["findings"]]
+    md = (out / "report.md").read_text()
+    assert "| offload |" in md and "| resident |" in md
