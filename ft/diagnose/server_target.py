@@ -35,7 +35,9 @@ def _default_workload(base_url: str, spec: WorkloadSpec):
         from ft.bench.workload import run_workload
     except ImportError as exc:
         raise FtError("engine mode needs the workload client (ft/bench/workload.py)") from exc
-    return run_workload(base_url, **asdict(spec))
+    from ft import settings
+
+    return run_workload(base_url, **asdict(spec), api_key=settings.api_key())
 
 
 class ServerTarget(ProcessTarget):
