@@ -93,7 +93,7 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
     start = {"kind": "start", "schema": SCHEMA, "t": time.time(), "target": target.describe()}
     context = {"ptrace_scope": ptrace_scope()} | target.context()
     stream.write(start | {"config": asdict(config), "context": context, "cores": cpuinfo_cores()})
-    stream.write({"kind": "env", "t": time.time(), "env": collect()})
+    stream.write({"kind": "env", "t": time.time(), "env": collect(light=True)})
     try:
         outcome = _sample(target, config, stream, agent_dir, env, stop, got)
         end = {"stopped_by": outcome.stopped_by, "exit_code": outcome.exit_code}

@@ -70,7 +70,23 @@ def numa_nodes() -> dict[str, str]:
     return nodes
 
 
-def _torch() -> dict:
+def _torch_light() -> dict:
+    """torch's version and CUDA build from torch/version.py, without importing torch (seconds)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        path = Path(spec.submodule_search_locations[0]) / "version.py"
+        facts: dict = {}
+        exec(compile(path.read_text(), str(path), "exec"), facts)  # a file of constants
+        return {"torch": facts["__version__"], "torch_cuda": facts.get("cuda")}
+    except Exception as exc:
+        return {"torch": f"unavailable ({type(exc).__name__})"}
+
+
+def _torch(light: bool) -> dict:
+    if light:
+        return _torch_light()
     try:
         import torch
     except Exception as exc:
@@ -98,11 +114,12 @@ def _gpus() -> dict:
         probe.close()
 
 
-def collect() -> dict:
+def collect(light: bool = False) -> dict:
+    """Everything `ft env` prints; light=True skips importing torch (ft diagnose's own run)."""
     flags = cpuinfo.isa_flags()
     facts = {"ft": __version__, "ft_commit": git_commit(), "python": sys.version.split()[0]}
     facts |= {"platform": platform.platform(), "executable": sys.executable}
-    facts |= _torch() | _gpus()
+    facts |= _torch(light) | _gpus()
     facts |= {
         "cpu_model": cpuinfo.model_name(),
         "physical_cores": cpuinfo.physical_cores(),

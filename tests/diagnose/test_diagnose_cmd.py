@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 def diagnose(tmp_path: Path, script: str, *extra: str, env=None) -> dict:
     out = tmp_path / "report"
     cmd = f"{sys.executable} {ASSETS / script}"
-    args = ["diagnose", "--cmd", cmd, "--duration", "3", "--interval", "0.25", "--out", str(out)]
+    args = ["diagnose", "--cmd", cmd, "--duration", "2", "--interval", "0.2", "--out", str(out)]
     proc = run_ft(*args, *extra, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads((out / "report.json").read_text())

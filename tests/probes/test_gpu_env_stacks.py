@@ -100,3 +100,9 @@ def test_fetch_bound_from_a_real_probe_sample(monkeypatch):
     samples = [gpu.GpuProbe().sample() for _ in range(3)]
     (finding,) = fetch_bound(summarize(samples))
     assert finding.evidence["pcie_gen"] == 3 and finding.evidence["pcie_rx_gbs"] > 12
+
+
+def test_light_collect_reads_torchs_version_without_importing_it():
+    import torch
+
+    assert env.collect(light=True)["torch"] == torch.__version__
