@@ -134,6 +134,11 @@ def _show(report: dict, out: Path, json_out: bool) -> None:
     console = Console()
     run = report["run"]
     console.print(f"stopped by {run['stopped_by']} after {run['duration_s']:.1f} s")
+    tp = report.get("throughput") or {}
+    if tp.get("e2e_decode_tok_s") is not None:
+        console.print(f"decode {tp['e2e_decode_tok_s']:.2f} tok/s end to end", highlight=False)
+    elif tp.get("error"):
+        console.print(f"workload failed: {tp['error']}", highlight=False)
     for f in report["findings"]:
         colour = {"critical": "red", "warning": "yellow"}.get(f["severity"], "cyan")
         console.print(f"[{colour}]{f['severity']}[/] {f['id']}: {f['title']}", highlight=False)

@@ -109,6 +109,7 @@ def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
                 if t.stack_samples
                 else None,
                 "hottest_frames": t.hottest_frames,
+                "native_leaf_frames": t.native_stack[::-1][:3] or None,  # py-spy --native
             },
             next_step=(
                 "Read the hottest frames: work that should run on the GPU or in the CPU MoE pool "
