@@ -20,7 +20,7 @@ def details_spans(md: str) -> list[tuple[int, int]]:
 def markdown(report: dict, log_tail: str = "") -> str:
     parts = [_header(report), _throughput(report), _findings(report), _threads(report)]
     parts += [_frames(report), _gpu(report)]
-    parts += [_startup(report), _environment(report)]
+    parts += [_startup(report), _environment(report), _events(report)]
     if log_tail:
         parts.append(details("Target output (last lines)", code_block(log_tail)))
     parts.append(_files(report))
@@ -164,6 +164,14 @@ def _environment(r: dict) -> str:
         str(env.get(k)) for k in ("python", "torch", "cpu_model") if env.get(k) is not None
     )
     return "## Environment\n\n" + details(f"ft {env.get('ft', '?')}, {summary}", body)
+
+
+def _events(r: dict) -> str:
+    """What went wrong in the probes themselves (py-spy failures, a probe's error)."""
+    rows = [(e.get("event"), e.get("pid", ""), e.get("detail", "")) for e in r["events"]]
+    if not rows:
+        return ""
+    return details(f"Probe events ({len(rows)})", md_table(("event", "pid", "detail"), rows))
 
 
 def _files(r: dict) -> str:

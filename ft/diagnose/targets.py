@@ -1,8 +1,8 @@
 """What `ft diagnose` runs: a target starts processes, may feed records, and is stopped cleanly.
 
-Today: CommandTarget (`--cmd`). The engine mode plugs in as another ProcessTarget subclass
-(start `ft serve`, wait for "ready to serve", run the workload in a thread; tick() returns
-throughput records; finished() once the workload is done; context() names the strategy).
+CommandTarget (`--cmd`) here; ServerTarget (ft/diagnose/server_target.py, engine mode) starts
+`ft serve`, waits for "ready to serve", runs the workload in a thread; tick() returns phase and
+throughput records, finished() ends the run with the workload, context() names the strategy.
 """
 
 from __future__ import annotations
