@@ -33,5 +33,5 @@ def agent_out() -> str | None:
 
 
 def agent_interval() -> float:
-    """FT_AGENT_INTERVAL: seconds between the agent's stack samples (default 0.05)."""
-    return float(os.environ.get(AGENT_INTERVAL) or 0.05)
+    """FT_AGENT_INTERVAL: seconds between the agent's stack samples (default 0.1)."""
+    return float(os.environ.get(AGENT_INTERVAL) or 0.1)

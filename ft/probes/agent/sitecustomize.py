@@ -104,7 +104,7 @@ def _start() -> None:
         os.register_at_fork(after_in_child=_start)
         _start.registered = True
 
-    interval = float(os.environ.get("FT_AGENT_INTERVAL") or 0.05)
+    interval = float(os.environ.get("FT_AGENT_INTERVAL") or 0.1)
     path = os.path.join(folder, f"stacks-{os.getpid()}.jsonl")
     thread = threading.Thread(
         target=_run, args=(path, interval), name="ft-stack-agent", daemon=True
