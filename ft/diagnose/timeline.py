@@ -49,10 +49,21 @@ def plot(path: Path, kinds: dict[str, list[dict]], roles: dict[int, tuple[str, s
     if rows == 3:
         axes[2].plot(*zip(*rates, strict=True), color="tab:green")
         axes[2].set_ylabel("decode tok/s")
+    _shade_workload(axes, kinds["phase"], t0, recs[-1]["t"] - t0 if recs else 0.0)
     axes[-1].set_xlabel("seconds")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _shade_workload(axes, phases: list[dict], t0: float, t_end: float) -> None:
+    """The span the findings look at, where the target marks one (engine mode)."""
+    marks = {r["phase"]: r["t"] - t0 for r in phases}
+    if "workload" not in marks:
+        return
+    for ax in axes:
+        ax.axvspan(marks["workload"], marks.get("done", t_end), color="0.9", zorder=0)
+    axes[0].set_title("shaded: the workload (findings use this span)", fontsize="small")
 
 
 def _gpu_axis(ax, recs: list[dict], t0: float) -> None:
