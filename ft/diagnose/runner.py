@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ft.cpuinfo import allowed_cores  # the target inherits ft's affinity
 from ft.diagnose.targets import ProcessTarget
 from ft.errors import FtError
 from ft.log import get_logger
-from ft.probes import cpuinfo_cores
 from ft.probes.env import collect
 from ft.probes.sampler import Sampler, SamplerConfig, Stream
 from ft.probes.stacks import STACK_SOURCES, agent_env, ptrace_scope
@@ -92,7 +92,9 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
         env = agent_env(env, agent_dir, config.agent_interval)
     start = {"kind": "start", "schema": SCHEMA, "t": time.time(), "target": target.describe()}
     context = {"ptrace_scope": ptrace_scope()} | target.context()
-    stream.write(start | {"config": asdict(config), "context": context, "cores": cpuinfo_cores()})
+    stream.write(
+        start | {"config": asdict(config), "context": context, "cores": len(allowed_cores())}
+    )
     stream.write({"kind": "env", "t": time.time(), "env": collect(light=True)})
     try:
         outcome = _sample(target, config, stream, agent_dir, env, stop, got)
