@@ -24,3 +24,19 @@ def cpu_moe_force_inline() -> bool:
 def api_key() -> str | None:
     """FT_API_KEY: the key `ft serve` requires and `ft bench serve` sends (default: none)."""
     return os.environ.get("FT_API_KEY") or None
+
+
+# The stack agent runs inside the target, where `ft` may not be importable: it reads these two by
+# name (ft/probes/agent/sitecustomize.py); `ft diagnose` sets them through the functions below.
+AGENT_OUT = "FT_AGENT_OUT"
+AGENT_INTERVAL = "FT_AGENT_INTERVAL"
+
+
+def agent_out() -> str | None:
+    """FT_AGENT_OUT: folder where the in-process stack agent writes stacks-PID.jsonl; unset: off."""
+    return os.environ.get(AGENT_OUT) or None
+
+
+def agent_interval() -> float:
+    """FT_AGENT_INTERVAL: seconds between the agent's stack samples (default 0.1)."""
+    return float(os.environ.get(AGENT_INTERVAL) or 0.1)

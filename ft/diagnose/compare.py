@@ -1,0 +1,45 @@
+"""`ft diagnose --strategy A --vs B`: the two runs side by side (each keeps its own report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ft.report import md_table, write_json_atomic, write_text_atomic
+
+SCHEMA = 1
+
+
+def _row(strategy: str, r: dict) -> list:
+    tp = r.get("throughput") or {}
+    top = r["findings"][0]["id"] if r["findings"] else "-"
+    gpu = r["gpu"]
+    pool = [t["cpu_pct"] for t in r["threads"] if t["role"] == "cpu-moe pool"]
+    main = max(r["threads"], key=lambda t: t["cpu_pct"], default=None)
+    return [
+        strategy,
+        _fmt(tp.get("e2e_decode_tok_s")),
+        _fmt(tp.get("engine_decode_tok_s")),
+        _fmt(gpu.get("util_pct")) if gpu["available"] else "n/a",
+        f"{sum(pool):.0f}% ({len(pool)} threads)" if pool else "no pool",
+        f"{main['name']} {main['cpu_pct']:.0f}% {main['wchan']}" if main else "-",
+        top,
+        f"[report]({strategy}/report.md)",
+    ]
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def write_comparison(out: Path, runs: dict[str, dict]) -> str:
+    headers = ("strategy", "e2e decode tok/s", "engine tok/s", "GPU util %", "pool CPU",
+               "busiest thread", "top finding", "")  # fmt: skip
+    table = md_table(headers, [_row(s, r) for s, r in runs.items()])
+    findings = "\n".join(
+        f"- **{s}**: `{f['id']}`: {f['title']}" for s, r in runs.items() for f in r["findings"][:3]
+    )
+    md = f"# ft diagnose: {' vs '.join(runs)}\n\n{table}\n\n## Findings\n\n{findings or 'None.'}\n"
+    write_text_atomic(out / "report.md", md)
+    index = {"schema": SCHEMA, "kind": "ft-diagnose-compare"}
+    write_json_atomic(out / "report.json", index | {"runs": {s: f"{s}/report.json" for s in runs}})
+    return md

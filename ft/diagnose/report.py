@@ -1,0 +1,126 @@
+"""The report directory: report.json (schema 1), report.md, stacks.collapsed, timeline.png.
+
+report.json, schema 1 (a key is only ever added; a change of meaning bumps "schema"):
+    schema, kind="ft-diagnose", created (UTC), target {kind, argv, command|strategy, ...},
+    config {duration, interval, stack_source, ...}, context {strategy, expects_cpu_pool, ...},
+    run {duration_s, stopped_by, exit_code, thread_samples, stack_source, stack_samples},
+    findings [{id, severity, title, evidence, next_step, threads}], threads [ThreadSummary],
+    gpu GpuSummary, throughput (the workload's figures) | null, events, startup [lines],
+    env (as `ft env --json`), files {role: file name}.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+from ft.diagnose import render
+from ft.diagnose.findings import findings
+from ft.diagnose.startup import startup_lines
+from ft.diagnose.summary import by_kind, summarize
+from ft.log import get_logger
+from ft.probes.sampler import read_stream
+from ft.probes.stacks import expand_stacks
+from ft.report import GITHUB_COMMENT_LIMIT, write_json_atomic, write_text_atomic
+
+SCHEMA = 1
+FILES = {
+    "report_md": "report.md",
+    "report_json": "report.json",
+    "stacks": "stacks.collapsed",
+    "timeline": "timeline.png",
+    "samples": "samples.jsonl",
+    "target_log": "target.log",
+}
+
+
+def write_report(out_dir: Path, outcome) -> dict:
+    """Every report file from the stream on disk; returns report.json's content."""
+    records = expand_stacks(read_stream(outcome.stream))
+    kinds = by_kind(records)
+    start = (kinds["start"] or [{}])[0]
+    end = (kinds["end"] or [{}])[-1]
+    context = end.get("context") or start.get("context") or {}
+    summary = summarize(records, context)
+    report = {
+        "schema": SCHEMA,
+        "kind": "ft-diagnose",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "target": start.get("target", {}),
+        "config": start.get("config", {}),
+        "context": context,
+        "run": {
+            "duration_s": summary.duration_s,
+            "window": summary.window,
+            "stopped_by": outcome.stopped_by,
+            "exit_code": outcome.exit_code,
+            "thread_samples": len(kinds["threads"]),
+            "stack_source": summary.stack_source,
+            "stack_samples": summary.stack_samples,
+        },
+        "findings": [f.to_json() for f in findings(summary)],
+        "threads": [asdict(t) | {"hottest_frames": t.hottest_frames} for t in summary.threads],
+        "gpu": asdict(summary.gpu) | {"link_gbs": summary.gpu.link_gbs},
+        "throughput": next((r for r in kinds["throughput"] if r.get("final")), None),
+        "events": summary.events,
+        "startup": startup_lines(_log_tail(out_dir / FILES["target_log"], None)),
+        "env": (kinds["env"] or [{}])[0].get("env", {}),
+        "files": FILES,
+    }
+    write_text_atomic(
+        out_dir / FILES["stacks"], collapsed_stacks(kinds["stacks"], summary.stack_source)
+    )
+    _timeline(
+        out_dir / FILES["timeline"], kinds, {t.tid: (t.name, t.role) for t in summary.threads}
+    )
+    write_json_atomic(out_dir / FILES["report_json"], report)
+    md = fit_limit(render.markdown(report, _log_tail(out_dir / FILES["target_log"])))
+    write_text_atomic(out_dir / FILES["report_md"], md)
+    return report
+
+
+def collapsed_stacks(stacks: list[dict], source: str | None) -> str:
+    """`process;thread;frame;...;leaf count` lines: flamegraph.pl / speedscope / inferno input."""
+    counts: Counter = Counter()
+    for rec in stacks:
+        if rec.get("source") != source:
+            continue
+        for th in rec["threads"]:
+            head = [f"process {rec['pid']}", f"{th.get('name') or 'thread'} ({th.get('tid')})"]
+            counts[";".join(f.replace(";", ",") for f in head + th["frames"])] += 1
+    return "".join(f"{stack} {n}\n" for stack, n in counts.most_common())
+
+
+def fit_limit(md: str, limit: int = GITHUB_COMMENT_LIMIT) -> str:
+    """Drop the largest <details> blocks until it fits one GitHub comment; cut as a last resort."""
+    note = "\n\n_(omitted to fit GitHub's comment limit; see report.json)_\n\n"
+    while len(md) > limit:
+        blocks = render.details_spans(md)
+        if not blocks:
+            break
+        lo, hi = max(blocks, key=lambda span: span[1] - span[0])
+        if hi - lo <= len(note):
+            break
+        md = md[:lo] + note + md[hi:]
+    if len(md) > limit:
+        cut = "\n\n_(truncated; see report.json)_\n"
+        md = md[: limit - len(cut)] + cut
+    return md
+
+
+def _log_tail(path: Path, lines: int | None = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-(lines or 0) :])
+    except OSError:
+        return ""
+
+
+def _timeline(path: Path, kinds: dict[str, list[dict]], roles: dict) -> None:
+    try:
+        from ft.diagnose.timeline import plot
+
+        plot(path, kinds, roles)
+    except Exception as exc:  # a plot must never cost the report
+        get_logger("ft.diagnose").warning("timeline plot failed: %s", exc)

@@ -1,0 +1,165 @@
+"""Run a target under the probes until it ends, the duration passes or a signal comes; then report.
+
+Whatever stops the run (the target exiting or crashing, SIGINT, SIGTERM, SIGHUP), the target is
+resumed and stopped and the report is written from the samples gathered so far.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ft.cpuinfo import allowed_cores  # the target inherits ft's affinity
+from ft.diagnose.targets import ProcessTarget
+from ft.errors import FtError
+from ft.log import get_logger
+from ft.probes.env import collect
+from ft.probes.sampler import Sampler, SamplerConfig, Stream
+from ft.probes.stacks import STACK_SOURCES, agent_env, ptrace_scope
+
+SCHEMA = 1
+STREAM = "samples.jsonl"
+_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s)
+
+
+@dataclass(frozen=True)
+class DiagnoseConfig:
+    out_dir: Path
+    duration: float = 10.0  # seconds of sampling at most
+    interval: float = 0.5  # seconds between thread and GPU samples
+    stack_source: str = "auto"
+    agent_interval: float = 0.1  # ~1 ms of GIL per sample for 40 threads: ~1% of the target
+
+    def __post_init__(self):
+        if self.stack_source not in STACK_SOURCES:
+            raise FtError(f"--stack-source must be one of {', '.join(STACK_SOURCES)}")
+        if self.duration <= 0 or self.interval <= 0:
+            raise FtError("--duration and --interval must be positive")
+
+
+@dataclass
+class RunOutcome:
+    stream: Path
+    stopped_by: str  # "duration", "target-exit", "finished", "SIGINT", ...
+    exit_code: int | None
+    signal_num: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def _caught_signals():
+    """SIGINT/SIGTERM/SIGHUP set an event instead of killing ft: the report still gets written."""
+    stop = threading.Event()
+    got: list[int] = []
+
+    def handler(signum, _frame):
+        got.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in _SIGNALS}
+    try:
+        yield stop, got
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def diagnose(target: ProcessTarget, config: DiagnoseConfig) -> tuple[RunOutcome, dict]:
+    """Run, then write the report; signals stay caught until the report is on disk."""
+    from ft.diagnose.report import write_report
+
+    with _caught_signals() as (stop, got):
+        outcome = run(target, config, stop, got)
+        return outcome, write_report(config.out_dir, outcome)
+
+
+def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> RunOutcome:
+    stop = stop if stop is not None else threading.Event()
+    got = got if got is not None else []
+    out = config.out_dir
+    _check_out_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stream = Stream(out / STREAM)
+    agent_dir = None if config.stack_source == "py-spy" else out / "agent"
+    env = dict(os.environ)
+    if agent_dir is not None:
+        agent_dir.mkdir(exist_ok=True)
+        env = agent_env(env, agent_dir, config.agent_interval)
+    start = {"kind": "start", "schema": SCHEMA, "t": time.time(), "target": target.describe()}
+    context = {"ptrace_scope": ptrace_scope()} | target.context()
+    stream.write(
+        start | {"config": asdict(config), "context": context, "cores": len(allowed_cores())}
+    )
+    stream.write({"kind": "env", "t": time.time(), "env": collect(light=True)})
+    try:
+        outcome = _sample(target, config, stream, agent_dir, env, stop, got)
+        end = {"stopped_by": outcome.stopped_by, "exit_code": outcome.exit_code}
+        stream.write({"kind": "end", "t": time.time(), "context": context | target.context()} | end)
+    finally:
+        stream.close()
+    return outcome
+
+
+def _sampler_config(config: DiagnoseConfig) -> SamplerConfig:
+    """py-spy pauses the target per dump: sparse beside the agent, every interval when alone."""
+    every = config.interval if config.stack_source == "py-spy" else max(2.0, 4 * config.interval)
+    return SamplerConfig(config.interval, config.stack_source, pyspy_every=every)
+
+
+def _check_out_dir(out: Path) -> None:
+    """One run per folder: appending to an earlier run's samples would mix two runs' numbers."""
+    if out.exists() and not out.is_dir():
+        raise FtError(f"--out {out} is a file, not a folder")
+    if (out / STREAM).exists():
+        raise FtError(f"--out {out} already holds a diagnose run; give a new folder")
+
+
+def _loop(target, config, sampler, stream, stop, got) -> str:
+    """Sample every interval until a signal, the target's exit or end of work, or the deadline."""
+    deadline = time.monotonic() + config.duration
+    while True:
+        tick_at = time.monotonic()
+        sampler.tick()
+        for record in target.tick():
+            stream.write(record)
+        if stop.is_set():
+            return signal.Signals(got[0]).name
+        if target.poll() is not None:
+            return "target-exit"
+        if target.finished():
+            return "finished"
+        if time.monotonic() >= deadline:
+            return "duration"
+        stop.wait(max(0.0, config.interval - (time.monotonic() - tick_at)))
+
+
+def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
+    if stop.is_set():  # a signal came while ft was still collecting the environment
+        return RunOutcome(stream.path, signal.Signals(got[0]).name, None, got[0])
+    pid = target.start(env)
+    sampler = None
+    stopped_by = "duration"
+    try:
+        sampler = Sampler(pid, stream, agent_dir, _sampler_config(config))
+        stopped_by = _loop(target, config, sampler, stream, stop, got)
+    except FtError:
+        raise
+    except Exception as exc:  # a probe's bug must not cost the samples already taken
+        get_logger("ft.diagnose").warning("sampling stopped: %s: %s", type(exc).__name__, exc)
+        stream.write({"kind": "event", "t": time.time(), "event": "ft-error", "detail": repr(exc)})
+        stopped_by = "ft-error"
+    finally:
+        target.stop()
+        for record in target.final_records():
+            stream.write(record)
+        if sampler is not None:
+            sampler.close()  # the agent's last lines, written up to the target's end
+    code = target.poll()
+    get_logger("ft.diagnose").debug("run stopped by %s, exit %s", stopped_by, code)
+    sig = got[0] if got else None
+    return RunOutcome(stream.path, stopped_by, code if stopped_by == "target-exit" else None, sig)

@@ -1,0 +1,50 @@
+"""report.md stays under GitHub's comment limit and puts the findings first; report.json is v1."""
+
+import json
+from types import SimpleNamespace
+
+from ft.diagnose.report import collapsed_stacks, fit_limit, write_report
+from ft.probes.sampler import Stream
+from ft.report import GITHUB_COMMENT_LIMIT, details
+from tests.diagnose.synthetic import T, engine_main, pool, stream
+
+
+def write(tmp_path, records) -> dict:
+    s = Stream(tmp_path / "samples.jsonl")
+    for rec in records:
+        s.write(rec)
+    s.close()
+    outcome = SimpleNamespace(
+        stream=tmp_path / "samples.jsonl", stopped_by="duration", exit_code=None
+    )
+    return write_report(tmp_path, outcome)
+
+
+def test_report_of_a_huge_target_fits_one_github_comment(tmp_path):
+    deep = [f"frame_{i} (module_{i}.py:{i})" for i in range(60)]
+    threads = [engine_main(), *pool(40)]
+    threads += [T(1000 + k, name=f"worker-{k}", cpu=1, frames=deep) for k in range(400)]
+    report = write(tmp_path, stream(threads, ticks=3))
+    md = (tmp_path / "report.md").read_text()
+    assert len(md) <= GITHUB_COMMENT_LIMIT
+    assert md.index("hot-thread-gpu-idle") < md.index("## Threads")
+    assert "inline_experts" in md  # the answer survives the cut
+    assert report["schema"] == 1 and len(report["threads"]) == 441
+    assert json.loads((tmp_path / "report.json").read_text())["findings"][0]["id"] == (
+        "hot-thread-gpu-idle"
+    )
+
+
+def test_fit_limit_drops_the_largest_details_first():
+    small, big = details("small", "s" * 100), details("big", "b" * 5000)
+    md = fit_limit(f"# head\n\n{small}\n\n{big}\n", limit=2000)
+    assert len(md) <= 2000 and "s" * 100 in md and "b" * 5000 not in md
+    assert len(fit_limit("x" * 5000, limit=1000)) <= 1000
+
+
+def test_collapsed_stacks_count_identical_stacks():
+    recs = stream([engine_main()], ticks=4)
+    text = collapsed_stacks([r for r in recs if r["kind"] == "stacks"], "agent")
+    (line,) = text.splitlines()
+    assert line.startswith("process 100;MainThread (100);<module> (serve.py:1);step")
+    assert line.endswith("inline_experts (moe.py:42) 4")

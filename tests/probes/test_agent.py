@@ -1,0 +1,88 @@
+"""The in-process stack agent: injected through the environment, flushed, chained, harmless."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ft.probes.stacks import AgentReader, agent_env, expand_stacks
+
+pytestmark = pytest.mark.timeout(60)
+
+TARGET = """
+import threading, time
+def sleeper_here():
+    time.sleep(30)
+threading.Thread(target=sleeper_here, name="named-sleeper", daemon=True).start()
+time.sleep(0.6)
+"""
+
+
+def run_with_agent(tmp_path, code: str, pythonpath: str | None = None) -> list[dict]:
+    base = dict(os.environ) | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    base.pop("PYTHONPATH", None) if pythonpath is None else None
+    env = agent_env(base, tmp_path, interval=0.02)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
+    return expand_stacks(AgentReader(tmp_path).read_new())
+
+
+def test_agent_samples_named_threads_with_native_ids_but_not_itself(tmp_path):
+    records = run_with_agent(tmp_path, TARGET)
+    hello = records[0]
+    samples = [r for r in records if r["kind"] == "stacks"]
+    assert hello["kind"] == "agent" and len(samples) >= 5
+    threads = {t["name"]: t for t in samples[-1]["threads"]}
+    assert set(threads) == {"MainThread", "named-sleeper"}  # the agent's own thread is absent
+    assert threads["named-sleeper"]["frames"][-1].startswith("sleeper_here (")
+    assert threads["MainThread"]["tid"] == samples[-1]["pid"]
+    assert hello["tid"] not in {t["tid"] for t in samples[-1]["threads"]}
+
+
+def test_agent_chains_to_the_sitecustomize_it_shadows(tmp_path):
+    other = tmp_path / "site"
+    other.mkdir()
+    marker = tmp_path / "chained"
+    (other / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ok')\n")
+    records = run_with_agent(tmp_path, "import time; time.sleep(0.2)", pythonpath=str(other))
+    assert marker.read_text() == "ok"
+    assert any(r["kind"] == "stacks" for r in records)
+
+
+def test_agent_is_off_without_its_variable(tmp_path):
+    env = agent_env(dict(os.environ), tmp_path, 0.02)
+    env.pop("FT_AGENT_OUT")
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=30)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reader_waits_for_a_line_still_being_written(tmp_path):
+    path = tmp_path / "stacks-1.jsonl"
+    path.write_text(json.dumps({"kind": "stacks", "n": 1}) + "\n" + '{"kind": "sta')
+    reader = AgentReader(tmp_path)
+    assert [r["n"] for r in reader.read_new()] == [1]
+    with open(path, "a") as f:
+        f.write('cks", "n": 2}\n')
+    assert [r["n"] for r in reader.read_new()] == [2]
+
+
+def test_a_forked_child_is_sampled_too(tmp_path):
+    code = """
+import os, time
+pid = os.fork()
+if pid == 0:
+    def forked_child_work():
+        time.sleep(0.5)
+    forked_child_work()
+    os._exit(0)
+time.sleep(0.2)
+os.waitpid(pid, 0)
+"""
+    records = run_with_agent(tmp_path, code)
+    pids = {r["pid"] for r in records if r["kind"] == "stacks"}
+    assert len(pids) == 2
+    frames = [
+        f for r in records if r["kind"] == "stacks" for t in r["threads"] for f in t["frames"]
+    ]
+    assert any(f.startswith("forked_child_work (") for f in frames)
