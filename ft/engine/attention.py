@@ -10,10 +10,20 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ft.log import get_logger
 
 log = get_logger("ft.engine")
+
+# Not cuDNN: on Hopper it builds a new graph for every new key length, which costs ~4.5 ms of
+# host time per call at decode (measured on the H200: 63% of a decode step's CPU time).
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _sdpa(query, keys, values, mask) -> torch.Tensor:
+    with sdpa_kernel(_SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
 
 
 @dataclass
@@ -98,7 +108,7 @@ def _attend_prefill(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
         query = q[offset : offset + n].transpose(0, 1)  # [H, n, d]
         rows = torch.arange(n, device=q.device)[:, None] + span.start
         mask = torch.arange(end, device=q.device)[None, :] <= rows  # [n, end] causal
-        o = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+        o = _sdpa(query, keys, values, mask)
         out.append(o.transpose(0, 1).reshape(n, -1))
         offset += n
     return torch.cat(out)
@@ -113,7 +123,5 @@ def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
     values = v_cache[batch.slots, :longest].transpose(1, 2)
     mask = torch.arange(longest, device=q.device)[None, :] <= batch.positions[:, None]
     query = q[:, :, None, :]  # [B, H, 1, d]
-    o = F.scaled_dot_product_attention(
-        query, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True
-    )
+    o = _sdpa(query, keys, values, mask[:, None, None, :])
     return o.reshape(q.shape[0], -1)
