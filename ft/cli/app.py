@@ -70,10 +70,11 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, env
+    from ft.cli import bench, bisect, env
 
     env.register(app)
     bench.register(app)
+    bisect.register(app)
 
 
 _register()
