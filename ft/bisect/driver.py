@@ -76,7 +76,10 @@ def resume_options(out: str | None) -> BisectOptions:
     return BisectOptions.from_json(json.loads((out_dir / RUN_FILE).read_text()))
 
 
-def bisect(opts: BisectOptions, log: Callable[[str], None]) -> dict[str, Any]:
+def bisect(
+    opts: BisectOptions, log: Callable[[str], None], judge: Judge | None = None
+) -> dict[str, Any]:
+    """Run the whole bisect; `judge` replaces the one the options name (tests, other judges)."""
     user = UserRepo(Path(opts.repo))
     good_rev, bad_rev = split_range(opts.range)
     good, bad = user.resolve(good_rev), user.resolve(bad_rev)
@@ -86,7 +89,7 @@ def bisect(opts: BisectOptions, log: Callable[[str], None]) -> dict[str, Any]:
     patch_files = [Path(p).expanduser().resolve() for p in opts.patches]
     if missing := [str(p) for p in patch_files if not p.is_file()]:
         raise FtError(f"--patch file not found: {missing[0]}")
-    judge = make_judge(opts)
+    judge = judge or make_judge(opts)
     out = Path(opts.out) if opts.out else default_out(user, good, bad)
     _save_run(opts, out)
     stack = PatchStack(picks, tuple(_copy_patches(patch_files, out)))
@@ -107,8 +110,12 @@ def bisect(opts: BisectOptions, log: Callable[[str], None]) -> dict[str, Any]:
 def make_judge(opts: BisectOptions) -> Judge:
     if opts.run:
         return RunCommandJudge(opts.run, opts.metric, opts.timeout_s)
+    import importlib.util
+
     from ft.bisect.engine_judge import EngineJudge
 
+    if importlib.util.find_spec("ft.bench.workload") is None:
+        raise FtError("engine mode needs the workload client (ft/bench/workload.py); use --run")
     return EngineJudge(opts.engine, cache=settings.cache_dir() / "bisect" / "envs")
 
 

@@ -113,7 +113,7 @@ def bisect_cmd(
     start = time.monotonic()
 
     def log(msg: str) -> None:
-        console.print(f"[dim]{time.monotonic() - start:7.1f}s[/dim] {msg}", markup=True)
+        console.print(f"[dim]{time.monotonic() - start:7.1f}s[/dim] {msg}", soft_wrap=True)
 
     try:
         rep = bisect(opts, log)

@@ -71,13 +71,16 @@ class Project:
 
 
 def make_project(
-    tmp: Path, figures: list[float], changes: dict[int, dict[str, str | None]] | None = None
+    tmp: Path,
+    figures: list[float],
+    changes: dict[int, dict[str, str | None]] | None = None,
+    loader: str = "format v2\n",
 ) -> Project:
     """Commit i sets figure.txt to figures[i] and applies changes[i] (None deletes a file)."""
     repo = tmp / "repo"
     repo.mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
-    (repo / "loader.txt").write_text("format v2\n")
+    (repo / "loader.txt").write_text(loader)
     shas = []
     for i, fig in enumerate(figures):
         (repo / "figure.txt").write_text(f"{fig}\n")
@@ -85,6 +88,7 @@ def make_project(
             if text is None:
                 (repo / name).unlink()
             else:
+                (repo / name).parent.mkdir(parents=True, exist_ok=True)
                 (repo / name).write_text(text)
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "--allow-empty", "-m", f"change {i}: figure {fig}")
