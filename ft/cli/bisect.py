@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,10 +11,6 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
-
-from ft.bisect.driver import BisectOptions, EngineOptions, bisect, resume_options
-from ft.bisect.measure import Interrupted
-from ft.bisect.search import BisectConfig
 
 _ENGINE = "Engine mode (default when --run is not given)"
 
@@ -92,6 +89,10 @@ def bisect_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
     """Find the commit that made a figure worse: endpoints first, rank tests, a patch stack."""
+    from ft.bisect.driver import BisectOptions, EngineOptions, bisect, resume_options
+    from ft.bisect.measure import Interrupted
+    from ft.bisect.search import BisectConfig  # scipy: imported only when bisecting
+
     if range_ is None:
         if not resume:
             raise typer.BadParameter("give GOOD..BAD (or --resume)")
@@ -115,6 +116,7 @@ def bisect_cmd(
     def log(msg: str) -> None:
         console.print(f"[dim]{time.monotonic() - start:7.1f}s[/dim] {msg}", soft_wrap=True)
 
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
     try:
         rep = bisect(opts, log)
     except (KeyboardInterrupt, Interrupted):
@@ -125,6 +127,10 @@ def bisect_cmd(
         typer.echo(json.dumps(rep, indent=2))
     else:
         _render(rep)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _render(rep: dict[str, Any]) -> None:

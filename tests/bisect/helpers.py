@@ -106,3 +106,19 @@ def step(n: int, at: int, before: float = 100.0, after: float = 80.0) -> list[fl
 def result(proc) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
+
+
+def culprit(rep: dict) -> str:
+    """The first bad commit of a report, which must have found one (else show the table)."""
+    table = [
+        (
+            r["index"],
+            r["verdict"],
+            r["reason"],
+            r["n"],
+            [round(x["value"], 1) for x in r["samples"]],
+        )
+        for r in rep["commits"]
+    ]
+    assert rep["outcome"] == "found", (rep["message"], table)
+    return rep["culprit"]["sha"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bisect.helpers import git, make_project, result, step
+from tests.bisect.helpers import culprit, git, make_project, result, step
 from tests.conftest import ft_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -22,7 +22,7 @@ def test_noisy_step_is_found_in_bounded_measurements(tmp_path):
     p = make_project(tmp_path, step(16, 11))
     rep = result(p.bisect())
     assert rep["outcome"] == "found"
-    assert rep["culprit"]["sha"] == p.shas[11]
+    assert culprit(rep) == p.shas[11]
     assert rep["culprit"]["author"].startswith("Ada Tester")
     assert "figure.txt" in rep["culprit"]["diffstat"]
     assert rep["confirmation"]["confirmed"], rep["confirmation"]
@@ -43,7 +43,7 @@ def test_failing_commits_are_skipped_and_the_culprit_still_found(tmp_path):
     changes = {7: {"skip-me": "x"}, 8: {"skip-me": None, "crash-me": "x"}, 9: {"crash-me": None}}
     p = make_project(tmp_path, step(16, 12), changes)
     rep = result(p.bisect())
-    assert rep["culprit"]["sha"] == p.shas[12]
+    assert culprit(rep) == p.shas[12]
     reasons = {r["index"]: r["reason"] for r in rep["commits"] if r["verdict"] == "skip"}
     assert reasons, "the planted failures were never hit"
     for i, reason in reasons.items():
@@ -83,7 +83,7 @@ def test_a_fix_from_outside_the_range_is_picked_where_missing(tmp_path):
     assert len(error_lines(without)) == 1
 
     rep = result(p.bisect("--pick", "fix", out="pick"))
-    assert rep["culprit"]["sha"] == p.shas[6]
+    assert culprit(rep) == p.shas[6]
     applied = {r["index"]: r["applied"] for r in rep["commits"]}
     assert applied[0] == [f"pick {rep['settings']['picks'][0][:10]} applied"]
     assert "already in the tree" in applied[13][0]
@@ -142,21 +142,24 @@ def test_bad_input_gives_one_line_errors_and_leaves_the_checkout_alone(tmp_path)
         assert len(proc.stderr.strip().splitlines()) == 1
     # a range that does not end at the dirty HEAD is fine, and still touches nothing
     rep = result(p.bisect(bad=-2))
-    assert rep["culprit"]["sha"] == p.shas[4]
+    assert culprit(rep) == p.shas[4]
     assert _checkout_state(p.repo) == before
 
 
-def test_jobs_3_finds_the_same_culprit_as_jobs_1(tmp_path):
-    p = make_project(tmp_path, step(20, 13))
+def test_jobs_3_finds_the_same_culprit_as_jobs_1(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    p = make_project(tmp_path, step(14, 9))
     one = result(p.bisect(out="j1"))
-    env = ft_env()
-    env.pop("CUDA_VISIBLE_DEVICES", None)
     three = result(p.bisect("--jobs", "3", out="j3"))
-    assert one["culprit"]["sha"] == three["culprit"]["sha"] == p.shas[13]
+    assert culprit(one) == culprit(three) == p.shas[9]
     samples = [s for r in three["commits"] for s in r["samples"]]
     workers = {s["worker"] for s in samples}
     assert workers == {0, 1, 2}
     assert all(s["gpu"] == str(s["worker"]) for s in samples)  # CUDA_VISIBLE_DEVICES=worker
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_runs(p, n: int, proc: subprocess.Popen) -> None:
@@ -168,14 +171,14 @@ def _wait_for_runs(p, n: int, proc: subprocess.Popen) -> None:
 
 
 def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
-    p = make_project(tmp_path, step(24, 15))
+    p = make_project(tmp_path, step(18, 11))
     out = tmp_path / "out"
     args = [sys.executable, "-m", "ft", "bisect", f"{p.shas[0]}..{p.shas[-1]}"]
     args += ["--repo", str(p.repo), "--run", p.cmd, "--out", str(out), "--json"]
 
-    def start():
-        return subprocess.Popen(args, env=ft_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+    def start():  # SIGINT as at a terminal, even where pytest runs as a background job
+        return subprocess.Popen(args, env=ft_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, preexec_fn=_default_sigint)  # fmt: skip
 
     first = start()
     _wait_for_runs(p, 8, first)
@@ -189,10 +192,10 @@ def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
 
     resume = [sys.executable, "-m", "ft", "bisect", "--resume", "--json"]
     resumed = result(subprocess.run(resume, capture_output=True, text=True, env=ft_env()))
-    assert resumed["culprit"]["sha"] == p.shas[15]
+    assert culprit(resumed) == p.shas[11]
     stored = sum(len(json.loads(f.read_text())["samples"]) for f in (out / "samples").iterdir())
     assert len(p.runs()) - stored <= 2  # only the sample in flight at each interruption
     again = len(p.runs())
     rep = result(p.bisect())  # a repeated identical run measures nothing
     assert len(p.runs()) == again and rep["samples_taken"] == 0
-    assert rep["culprit"]["sha"] == p.shas[15]
+    assert culprit(rep) == p.shas[11]

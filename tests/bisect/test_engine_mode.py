@@ -11,7 +11,7 @@ from ft.bisect.driver import BisectOptions, EngineOptions, bisect
 from ft.bisect.engine_judge import EngineJudge
 from ft.bisect.envs import env_key, unsatisfied
 from ft.bisect.search import BisectConfig
-from tests.bisect.helpers import make_project, step
+from tests.bisect.helpers import culprit, make_project, step
 
 FAKE_FT = r"""
 import os, pathlib, sys
@@ -82,7 +82,7 @@ def test_engine_mode_skips_commits_that_cannot_serve_and_finds_the_step(tmp_path
     )  # fmt: skip
     judge = EngineJudge(engine, cache=tmp_path / "envs", workload=fake_workload())
     rep = bisect(opts, log=print, judge=judge)
-    assert rep["culprit"]["sha"] == p.shas[8]
+    assert culprit(rep) == p.shas[8]
     reasons = {r["index"]: r["reason"] for r in rep["commits"] if r["verdict"] == "skip"}
     assert "lacks --moe-strategy" in reasons[5]
     assert "exited (1) before it was ready: RuntimeError: CUDA out of memory" in reasons[6]
