@@ -1,10 +1,16 @@
 """Rank tests on raw samples (Chromium Pinpoint's way): same / different / unknown.
 
-A commit is compared with BOTH endpoints. It is BAD when it differs from GOOD, does not differ
-from BAD and sits nearer BAD; GOOD symmetrically; otherwise UNKNOWN, and the driver doubles its
-samples up to --max-repeats. Mann-Whitney U needs no normality and shrugs off the odd outlier a
-busy box produces; the price is that tiny samples can never be significant (3 vs 3 gives at
-best p = 0.1), which is why the endpoints, reused by every comparison, get twice the repeats.
+A commit is compared with BOTH endpoints. Its median's place on the way from GOOD's median (0)
+to BAD's (1) says which it looks like; the rank test against the other endpoint says whether
+that is more than noise. BAD = in the last third and significantly different from GOOD; GOOD
+symmetrically; otherwise UNKNOWN, and the driver doubles its samples up to --max-repeats (a
+commit that stays in the middle third is a partial change: it stays UNKNOWN). "Not different
+from the near endpoint" is deliberately not required: with many samples any commit differs a
+little from an endpoint measured a few times.
+
+Mann-Whitney U needs no normality and shrugs off the odd outlier a busy box produces; the
+price is that tiny samples can never be significant (3 vs 3 gives at best p = 0.1), which is
+why the endpoints, reused by every comparison, get twice the repeats.
 """
 
 from __future__ import annotations
@@ -54,15 +60,19 @@ def classify(
 ) -> Classification:
     """GOOD, BAD or UNKNOWN for one commit's samples against the two endpoints' samples."""
     p_good, p_bad = rank_p(xs, good), rank_p(xs, bad)
-    mx, mg, mb = median(xs), median(good), median(bad)
-    nearer_bad = abs(mx - mb) < abs(mx - mg)
-    if p_good < alpha <= p_bad and nearer_bad:
+    place = position(median(xs), median(good), median(bad))
+    if place >= 2 / 3 and p_good < alpha:
         verdict = Verdict.BAD
-    elif p_bad < alpha <= p_good and not nearer_bad:
+    elif place <= 1 / 3 and p_bad < alpha:
         verdict = Verdict.GOOD
     else:
         verdict = Verdict.UNKNOWN
     return Classification(verdict, p_good, p_bad)
+
+
+def position(x: float, good: float, bad: float) -> float:
+    """Where x sits on the way from good (0) to bad (1); beyond the ends is < 0 or > 1."""
+    return (x - good) / (bad - good) if bad != good else 0.5
 
 
 @dataclass(frozen=True)
