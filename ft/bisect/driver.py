@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ft import settings
-from ft.bisect import report
+from ft.bisect.config import BisectConfig, worker_gpus
 from ft.bisect.gitrepo import PatchStack, Scratch, UserRepo
 from ft.bisect.judge import Judge, RunCommandJudge
-from ft.bisect.search import BisectConfig, Bisector, worker_gpus
 from ft.bisect.store import SampleStore
 from ft.bisect.verdict import Outcome
 from ft.errors import FtError
@@ -95,6 +94,9 @@ def bisect(
     stack = PatchStack(picks, tuple(_copy_patches(patch_files, out)))
     store = SampleStore(out, stack, judge.config())
     gpus = worker_gpus(opts.search.jobs, engine=opts.run is None)
+    from ft.bisect import report  # scipy and matplotlib: only once the input is valid
+    from ft.bisect.search import Bisector
+
     log(f"{len(commits) - 2} commits between {good[:10]} and {bad[:10]}; state in {out}")
     bisector = Bisector(commits, Scratch(user, out), stack, judge, store, opts.search, log, gpus)
     result = bisector.run()

@@ -14,33 +14,18 @@ first bad, the answer is the range of commits the culprit could be in.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ft.bisect.config import BisectConfig
 from ft.bisect.gitrepo import PatchStack, Scratch
 from ft.bisect.judge import Judge
 from ft.bisect.measure import Measurer
-from ft.bisect.stats import ALPHA, Effect, classify, effect, median, rank_p
+from ft.bisect.stats import Effect, classify, effect, median, rank_p
 from ft.bisect.store import SampleStore
 from ft.bisect.verdict import Outcome, Verdict
 from ft.errors import FtError
-
-
-@dataclass(frozen=True)
-class BisectConfig:
-    repeats: int = 3  # samples per commit to start with; the endpoints get twice that
-    max_repeats: int = 24  # doubling on "unknown" stops here
-    jobs: int = 1
-    max_skips: int = 6
-    alpha: float = ALPHA
-
-    def __post_init__(self):
-        if self.repeats < 1 or self.jobs < 1 or self.max_skips < 0:
-            raise FtError("--repeats and --jobs must be at least 1, --max-skips at least 0")
-        if self.max_repeats < self.repeats:
-            raise FtError(f"--max-repeats {self.max_repeats} is below --repeats {self.repeats}")
 
 
 @dataclass
@@ -240,16 +225,6 @@ def cut_points(untested: list[int], jobs: int) -> list[int]:
         return list(untested)
     n = len(untested)
     return sorted({untested[(k + 1) * n // (jobs + 1)] for k in range(jobs)})
-
-
-def worker_gpus(jobs: int, engine: bool) -> list[str] | None:
-    """One GPU per worker via CUDA_VISIBLE_DEVICES: the user's own list if set, else 0..jobs-1."""
-    if jobs == 1 and not engine:
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return [d.strip() for d in visible.split(",") if d.strip()]
-    return [str(i) for i in range(jobs)]
 
 
 def _fmt(xs: list[float]) -> str:

@@ -21,7 +21,11 @@ def main(argv: list[str]) -> int:
         concurrency=opts["concurrency"],
         seed=0,
         model=None,
+        timeout_s=opts["workload_timeout_s"],
     )
+    if getattr(res, "errors", 0):
+        print(f"{res.errors} of {opts['prompts']} requests failed", file=sys.stderr)
+        return 3
     value = getattr(res, opts["figure"], None)
     if value is None:
         print(f"the workload result has no {opts['figure']!r}", file=sys.stderr)

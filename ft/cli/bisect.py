@@ -89,9 +89,9 @@ def bisect_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
     """Find the commit that made a figure worse: endpoints first, rank tests, a patch stack."""
+    from ft.bisect.config import BisectConfig
     from ft.bisect.driver import BisectOptions, EngineOptions, bisect, resume_options
     from ft.bisect.measure import Interrupted
-    from ft.bisect.search import BisectConfig  # scipy: imported only when bisecting
 
     if range_ is None:
         if not resume:

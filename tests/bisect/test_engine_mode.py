@@ -7,10 +7,10 @@ import random
 import httpx
 import pytest
 
+from ft.bisect.config import BisectConfig
 from ft.bisect.driver import BisectOptions, EngineOptions, bisect
 from ft.bisect.engine_judge import EngineJudge
 from ft.bisect.envs import env_key, unsatisfied
-from ft.bisect.search import BisectConfig
 from tests.bisect.helpers import culprit, make_project, step
 
 FAKE_FT = r"""

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
+from ft.bisect.config import BisectConfig
 from ft.bisect.judge import parse_figure
-from ft.bisect.search import BisectConfig, cut_points
+from ft.bisect.search import cut_points
 from ft.bisect.stats import classify, effect, rank_p
 from ft.bisect.verdict import Outcome, Skip, Verdict, command_outcome
 from ft.errors import FtError
