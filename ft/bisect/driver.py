@@ -98,7 +98,9 @@ def bisect(
     from ft.bisect.search import Bisector
 
     log(f"{len(commits) - 2} commits between {good[:10]} and {bad[:10]}; state in {out}")
-    bisector = Bisector(commits, Scratch(user, out), stack, judge, store, opts.search, log, gpus)
+    bisector = Bisector(
+        commits, Scratch(user, out, good), stack, judge, store, opts.search, log, gpus
+    )
     result = bisector.run()
     settings_json = {**dataclasses.asdict(opts.search), "picks": list(picks), "gpus": gpus}
     rep = report.build(result, user, store, settings_json)

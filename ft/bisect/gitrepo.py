@@ -118,8 +118,8 @@ class Scratch:
     """A clone of the user's repository that shares its objects (git clone --shared), and the
     worker worktrees made from it. Nothing here writes to the user's repository."""
 
-    def __init__(self, user: UserRepo, root: Path):
-        self.root = root
+    def __init__(self, user: UserRepo, root: Path, base: str):
+        self.root, self.base = root, base  # base: any commit of the range, for new worktrees
         clone_dir = root / "git"
         if (clone_dir / "HEAD").exists():
             self.clone = git.Repo(clone_dir)
@@ -132,7 +132,7 @@ class Scratch:
         if not (path / ".git").exists():
             self.clone.git.worktree("prune")
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.clone.git.worktree("add", "--detach", "--force", str(path), "HEAD")
+            self.clone.git.worktree("add", "--detach", "--force", str(path), self.base)
         return path
 
     def checkout(self, path: Path, sha: str, stack: PatchStack) -> Skip | list[str]:
