@@ -14,3 +14,8 @@ def cache_dir() -> Path:
 def log_level() -> str:
     """FT_LOG_LEVEL: the engine's log level (default INFO)."""
     return os.environ.get("FT_LOG_LEVEL", "INFO").upper()
+
+
+def api_key() -> str | None:
+    """FT_API_KEY: the key `ft serve` requires and `ft bench serve` sends (default: none)."""
+    return os.environ.get("FT_API_KEY") or None

@@ -70,10 +70,13 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, bisect, env
+    from ft.cli import bench, bisect, env, generate, model, serve
 
     env.register(app)
     bench.register(app)
+    model.register(app)
+    generate.register(app)
+    serve.register(app)
     bisect.register(app)
 
 

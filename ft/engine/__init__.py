@@ -1,0 +1,1 @@
+"""The reference MoE inference engine: `from ft.engine.runner import LLMEngine`."""

@@ -1,0 +1,119 @@
+"""Attention with GQA, RoPE and a preallocated KV cache of contiguous per-sequence slots.
+
+Legend: T = tokens in the batch, B = sequences, H = query heads, G = kv heads, d = head_dim,
+S = cache slots (sequences), M = max_model_len.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ft.log import get_logger
+
+log = get_logger("ft.engine")
+
+
+@dataclass
+class Span:
+    """One sequence's tokens in a batch: cache slot, first position, token count."""
+
+    slot: int
+    start: int
+    length: int
+
+
+@dataclass
+class Batch:
+    token_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    spans: list[Span]
+    slots: torch.Tensor  # [B] cache slot of each sequence (decode path)
+
+    @property
+    def is_decode(self) -> bool:
+        return all(s.length == 1 for s in self.spans)
+
+    @property
+    def last_token_index(self) -> list[int]:
+        ends, total = [], 0
+        for span in self.spans:
+            total += span.length
+            ends.append(total - 1)
+        return ends
+
+
+class KVCache:
+    """K and V for every layer, preallocated: [L, S, M, G, d] each."""
+
+    def __init__(self, layers, slots, max_len, kv_heads, head_dim, dtype, device):
+        shape = (layers, slots, max_len, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.slots, self.max_len = slots, max_len
+        gib = 2 * self.k.numel() * self.k.element_size() / (1 << 30)
+        log.info(f"Allocating {slots * max_len} tokens for KV cache, K + V = {gib:.2f} GiB")
+
+    @staticmethod
+    def bytes_needed(layers, tokens, kv_heads, head_dim, dtype) -> int:
+        return (
+            2 * layers * tokens * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+        )
+
+
+class Rope:
+    """Rotary embedding (rotate-half form, as transformers' default rope)."""
+
+    def __init__(self, head_dim: int, theta: float, max_len: int, device):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # [M, d/2]
+        emb = torch.cat((freqs, freqs), dim=-1).to(device)
+        self.cos, self.sin = emb.cos(), emb.sin()  # [M, d]
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos = self.cos[positions].to(x.dtype)[:, None, :]  # [T, 1, d]
+        sin = self.sin[positions].to(x.dtype)[:, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+def attend(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
+    """Write this batch's k/v into the cache, attend; q [T, H, d], k/v [T, G, d] -> [T, H*d]."""
+    if batch.is_decode:
+        return _attend_decode(q, k, v, k_cache, v_cache, batch)
+    return _attend_prefill(q, k, v, k_cache, v_cache, batch)
+
+
+def _attend_prefill(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
+    out, offset = [], 0
+    for span in batch.spans:  # python ints only: no host sync
+        n, end = span.length, span.start + span.length
+        k_cache[span.slot, span.start : end] = k[offset : offset + n]
+        v_cache[span.slot, span.start : end] = v[offset : offset + n]
+        keys = k_cache[span.slot, :end].transpose(0, 1)  # [G, end, d]
+        values = v_cache[span.slot, :end].transpose(0, 1)
+        query = q[offset : offset + n].transpose(0, 1)  # [H, n, d]
+        rows = torch.arange(n, device=q.device)[:, None] + span.start
+        mask = torch.arange(end, device=q.device)[None, :] <= rows  # [n, end] causal
+        o = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+        out.append(o.transpose(0, 1).reshape(n, -1))
+        offset += n
+    return torch.cat(out)
+
+
+def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
+    """One new token per sequence, all sequences in one attention call, padded to the longest."""
+    k_cache[batch.slots, batch.positions] = k  # [B, G, d] scattered into their slots
+    v_cache[batch.slots, batch.positions] = v
+    longest = max(s.start for s in batch.spans) + 1
+    keys = k_cache[batch.slots, :longest].transpose(1, 2)  # [B, G, longest, d]
+    values = v_cache[batch.slots, :longest].transpose(1, 2)
+    mask = torch.arange(longest, device=q.device)[None, :] <= batch.positions[:, None]
+    query = q[:, :, None, :]  # [B, H, 1, d]
+    o = F.scaled_dot_product_attention(
+        query, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True
+    )
+    return o.reshape(q.shape[0], -1)

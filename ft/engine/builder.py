@@ -1,0 +1,96 @@
+"""Builds an engine's parts from an EngineConfig, logging the startup lines probes parse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ft.engine.attention import KVCache, Rope
+from ft.engine.config import EngineConfig, ModelConfig
+from ft.engine.loader import CheckpointReader, load_dense, load_experts
+from ft.engine.memory import (
+    GIB,
+    cap_device_memory,
+    check_resident_fits,
+    memory_budget,
+    resolve_cache_size,
+    tensor_bytes,
+)
+from ft.engine.model import MoeModel
+from ft.engine.strategies import MoeStrategy, build_strategy
+from ft.engine.tokenizer import load_tokenizer, stop_token_ids
+from ft.errors import FtError
+from ft.log import get_logger
+
+log = get_logger("ft.engine")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+@dataclass
+class EngineParts:
+    model_config: ModelConfig
+    model: MoeModel
+    strategy: MoeStrategy
+    tokenizer: object
+    max_model_len: int
+    num_slots: int  # sequences the KV cache holds at once
+    cache_size: int | None  # expert cache slots (offload); None when resident
+    stop_token_ids: set[int]
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    log.info(f"Resolved config: {config.describe()}")
+    cfg = ModelConfig.from_dir(config.model)
+    dtype = DTYPES[config.dtype]
+    budget = memory_budget(config)
+    log.info(f"Free memory before loading model: {budget / GIB:.2f} GiB")
+    cap_device_memory(config)
+    reader = CheckpointReader(config.model)
+    weights = load_dense(reader, cfg, config.device, dtype)
+    store = load_experts(reader, cfg, dtype)
+    max_len, slots = plan_kv(config, cfg)
+    kv_bytes = KVCache.bytes_needed(
+        cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, dtype
+    )
+    used = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values()) + kv_bytes
+    strategy, cache_size = _strategy(config, store, budget, used)
+    log.info(f"MoE experts: {config.expert_format} via torch")
+    kv = KVCache(
+        cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, config.device
+    )
+    rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, config.device)
+    model = MoeModel(cfg, weights, strategy, kv, rope)
+    tokenizer = load_tokenizer(config.model, cfg.eos_token_id)
+    stops = stop_token_ids(config.model, tokenizer.eos_token_id)
+    return EngineParts(cfg, model, strategy, tokenizer, max_len, slots, cache_size, stops)
+
+
+def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
+    """(max_model_len, sequence slots): slots of max_model_len tokens within kv_reserve_tokens."""
+    max_len = config.max_model_len or min(cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    if max_len > cfg.max_position_embeddings:
+        raise FtError(
+            f"max_model_len {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
+        )
+    if cfg.sliding_window and max_len > cfg.sliding_window:
+        log.warning(
+            f"max_model_len {max_len} capped to the model's sliding_window {cfg.sliding_window}"
+        )
+        max_len = cfg.sliding_window  # within the window, full attention is the same thing
+    if config.kv_reserve_tokens is None:
+        return max_len, config.max_num_seqs
+    max_len = min(max_len, config.kv_reserve_tokens)
+    return max_len, config.kv_reserve_tokens // max_len  # reserve what was asked for
+
+
+def _strategy(config: EngineConfig, store, budget: int, used: int):
+    """-> (strategy, expert cache slots or None)."""
+    if config.moe_strategy == "resident":
+        check_resident_fits(config, store, budget, used)
+        return build_strategy(config, store), None
+    size, rate = resolve_cache_size(config, store, budget, used)
+    if config.moe_cache_size is None and config.moe_cache_rate is None:
+        log.info(f"--moe-cache-auto resolved moe_cache_size={size} (rate {rate:.3f})")
+    return build_strategy(config, store, cache_size=size), size

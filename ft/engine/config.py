@@ -1,0 +1,241 @@
+"""The model's shape (from config.json) and the engine's settings (one frozen, self-checking
+dataclass), and the synthetic presets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ft.errors import FtError
+
+ARCHITECTURES = {"Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral"}
+STRATEGIES = ("resident", "offload")  # what this build runs
+PLANNED_STRATEGIES = ("hybrid", "auto")  # named by DESIGN.md, not in this build yet
+DTYPES = ("bfloat16", "float16", "float32")
+EXPERT_FORMATS = ("bf16",)  # float experts in the checkpoint's dtype, computed with torch
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the engine needs from a Hugging Face config.json (Qwen3-MoE or Mixtral)."""
+
+    model_type: str  # "qwen3_moe" | "mixtral"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    intermediate_size: int  # dense MLP layers (Qwen3 mlp_only_layers)
+    norm_topk_prob: bool
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    eos_token_id: int | None = None
+    torch_dtype: str = "bfloat16"
+    sliding_window: int | None = None  # the engine caps max_model_len here (no windowed attention)
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3_moe"
+
+    @property
+    def moe_prefix(self) -> str:  # HF module name of the sparse block
+        return "mlp" if self.model_type == "qwen3_moe" else "block_sparse_moe"
+
+    def is_moe_layer(self, layer: int) -> bool:
+        if self.num_experts == 0 or layer in self.mlp_only_layers:
+            return False
+        return (layer + 1) % self.decoder_sparse_step == 0
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+
+    @property
+    def total_experts(self) -> int:
+        return self.num_experts * len(self.moe_layers)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        config_path = Path(path) / "config.json"
+        if not Path(path).is_dir():
+            raise FtError(f"model directory not found: {path}")
+        if not config_path.is_file():
+            raise FtError(f"no config.json in model directory {path}")
+        try:
+            raw = json.loads(config_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise FtError(f"{config_path} is not valid JSON: {exc}") from None
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> ModelConfig:
+        model_type = _model_type(raw)
+        try:
+            return _parse(raw, model_type)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FtError(f"config.json is missing or has a bad field: {exc}") from None
+
+
+def _model_type(raw: dict) -> str:
+    archs = raw.get("architectures") or []
+    for arch in archs:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    if not archs and raw.get("model_type") in ARCHITECTURES.values():
+        return raw["model_type"]
+    known = ", ".join(ARCHITECTURES)
+    name = ",".join(archs) or raw.get("model_type") or "none"
+    raise FtError(f"unsupported architecture {name!r} (supported: {known})")
+
+
+def _rope_theta(raw: dict) -> float:
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise FtError(f"rope_type {rope_type!r} is not supported (only 'default')")
+    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+
+
+def _parse(raw: dict, model_type: str) -> ModelConfig:
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    qwen = model_type == "qwen3_moe"
+    experts = raw.get("num_experts", raw.get("num_local_experts")) if qwen else None
+    experts = int(experts if qwen else raw["num_local_experts"])
+    inter = int(raw["intermediate_size"])
+    eos = raw.get("eos_token_id")
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=int(raw["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        num_experts=experts,
+        top_k=int(raw["num_experts_per_tok"]),
+        moe_intermediate_size=int(raw["moe_intermediate_size"]) if qwen else inter,
+        intermediate_size=inter,
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)) if qwen else True,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(raw),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1) if qwen else 1,
+        mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()) if qwen else (),
+        eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
+        torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"),
+        sliding_window=_sliding_window(raw, qwen),
+    )
+
+
+def _sliding_window(raw: dict, qwen: bool) -> int | None:
+    if qwen and not raw.get("use_sliding_window", False):
+        return None
+    window = raw.get("sliding_window")
+    return int(window) if window else None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine setting; the engine is built from this and nothing else reads loose settings."""
+
+    model: str
+    device: str | None = None  # None: cuda when available, else cpu
+    dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
+    moe_strategy: str = "resident"
+    expert_format: str = "bf16"
+    moe_cache_size: int | None = None
+    moe_cache_rate: float | None = None
+    moe_cache_auto: bool = False
+    kv_reserve_tokens: int | None = None  # None: max_num_seqs * max_model_len
+    gpu_memory_limit: float | None = None  # GiB the engine may use on the device
+    max_num_seqs: int = 8
+    max_model_len: int | None = None  # None: min(model's max positions, 4096)
+    memory_margin_gib: float = 1.0  # kept free by --moe-cache-auto
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device", _resolve_device(self.device))
+        default_dtype = "bfloat16" if self.device == "cuda" else "float32"
+        object.__setattr__(self, "dtype", self.dtype or default_dtype)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("expert_format", self.expert_format, EXPERT_FORMATS)
+        _check_strategy(self.moe_strategy)
+        self._check_numbers()
+        self._check_cache_flags()
+        self._check_cache_fits_model()
+
+    def _check_numbers(self) -> None:
+        for name in ("moe_cache_size", "kv_reserve_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise FtError(f"{name} must be at least 1, got {value}")
+        if self.max_num_seqs < 1:
+            raise FtError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.moe_cache_rate is not None and not 0 < self.moe_cache_rate <= 1:
+            raise FtError(f"moe_cache_rate must be in (0, 1], got {self.moe_cache_rate}")
+        if self.gpu_memory_limit is not None and self.gpu_memory_limit <= 0:
+            raise FtError(f"gpu_memory_limit must be positive GiB, got {self.gpu_memory_limit}")
+        if self.memory_margin_gib < 0:
+            raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
+
+    def _check_cache_flags(self) -> None:
+        given = [self.moe_cache_size is not None, self.moe_cache_rate is not None]
+        given.append(self.moe_cache_auto)
+        if sum(given) > 1:
+            raise FtError(
+                "give at most one of --moe-cache-size, --moe-cache-rate, --moe-cache-auto"
+            )
+        if any(given) and self.moe_strategy == "resident":
+            raise FtError("--moe-cache-* needs an offloading --moe-strategy (not 'resident')")
+
+    def _check_cache_fits_model(self) -> None:
+        """A cache larger than the model's expert count is a mistake; say so before loading."""
+        if self.moe_cache_size is None or not (Path(self.model) / "config.json").is_file():
+            return
+        total = ModelConfig.from_dir(self.model).total_experts
+        if self.moe_cache_size > total:
+            raise FtError(
+                f"moe_cache_size {self.moe_cache_size} is larger than the expert count {total}"
+            )
+
+    def describe(self) -> str:
+        """The body of the `Resolved config:` log line."""
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)]
+        order = ["moe_strategy", "expert_format", "device"]
+        shown.sort(key=lambda s: order.index(s.split("=")[0]) if s.split("=")[0] in order else 9)
+        return ", ".join(shown)
+
+
+def _resolve_device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    check_choice("device", device, ("cpu", "cuda"))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise FtError("device 'cuda' requested but torch sees no CUDA GPU")
+    return device
+
+
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise FtError(f"unknown {name} {value!r} (choose from {', '.join(allowed)})")
+
+
+def _check_strategy(name: str) -> None:
+    if name in PLANNED_STRATEGIES:
+        raise FtError(
+            f"moe_strategy {name!r} is not available in this build (use resident or offload)"
+        )
+    check_choice("moe_strategy", name, STRATEGIES)

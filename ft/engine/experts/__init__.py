@@ -1,0 +1,1 @@
+"""Routed experts: the host store, the device expert cache, and batched dispatch."""

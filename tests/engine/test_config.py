@@ -1,0 +1,73 @@
+"""EngineConfig and ModelConfig check themselves: one FtError line per mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from ft.engine.config import EngineConfig, ModelConfig
+from ft.errors import FtError
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(moe_strategy="bogus"), "unknown moe_strategy"),
+        (dict(moe_strategy="hybrid"), "not available in this build"),
+        (dict(moe_strategy="auto"), "not available in this build"),
+        (dict(dtype="int3"), "unknown dtype"),
+        (dict(device="tpu"), "unknown device"),
+        (dict(moe_strategy="offload", moe_cache_size=0), "at least 1"),
+        (dict(moe_strategy="offload", moe_cache_rate=1.5), "moe_cache_rate"),
+        (dict(moe_strategy="offload", moe_cache_size=4, moe_cache_rate=0.5), "at most one"),
+        (dict(moe_cache_size=4), "needs an offloading"),
+        (dict(kv_reserve_tokens=-5), "at least 1"),
+        (dict(gpu_memory_limit=-1.0), "positive"),
+        (dict(max_num_seqs=0), "max_num_seqs"),
+    ],
+)
+def test_engine_config_rejects(kwargs, message):
+    with pytest.raises(FtError, match=message):
+        EngineConfig(**{"model": "m", "device": "cpu", **kwargs})
+
+
+def test_engine_config_defaults_resolve():
+    config = EngineConfig(model="m", device="cpu")
+    assert config.dtype == "float32" and config.moe_strategy == "resident"
+    assert config.describe().startswith(
+        "moe_strategy='resident', expert_format='bf16', device='cpu'"
+    )
+
+
+BASE = dict(
+    vocab_size=10, hidden_size=8, num_hidden_layers=4, num_attention_heads=2,
+    num_experts_per_tok=2, intermediate_size=16,
+)  # fmt: skip
+
+
+def test_qwen3_fields_and_dense_layers():
+    cfg = ModelConfig.from_dict({
+        **BASE, "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4,
+        "moe_intermediate_size": 4, "mlp_only_layers": [0], "decoder_sparse_step": 1,
+        "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}, "norm_topk_prob": True,
+    })  # fmt: skip
+    assert cfg.moe_layers == [1, 2, 3] and cfg.rope_theta == 5e5 and cfg.head_dim == 4
+    assert cfg.qk_norm and cfg.total_experts == 12 and cfg.num_kv_heads == 2
+
+
+def test_mixtral_renormalises_top_k():
+    cfg = ModelConfig.from_dict({**BASE, "model_type": "mixtral", "num_local_experts": 4})
+    assert cfg.norm_topk_prob and not cfg.qk_norm and cfg.moe_intermediate_size == 16
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({**BASE, "architectures": ["LlamaForCausalLM"]}, "unsupported architecture"),
+        ({"architectures": ["MixtralForCausalLM"]}, "missing or has a bad field"),
+        ({**BASE, "model_type": "mixtral", "num_local_experts": 4,
+          "rope_scaling": {"rope_type": "yarn"}}, "rope_type"),
+    ],
+)  # fmt: skip
+def test_model_config_rejects(raw, message):
+    with pytest.raises(FtError, match=message):
+        ModelConfig.from_dict(raw)

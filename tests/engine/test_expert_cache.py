@@ -1,0 +1,94 @@
+"""ExpertCache: LRU eviction order, slot reuse, counters, copied contents; offload chunking."""
+
+from __future__ import annotations
+
+import torch
+
+from ft.engine.experts.cache import ExpertCache
+from ft.engine.experts.dispatch import add_expert, group_by_expert
+from ft.engine.experts.store import HostExpertStore
+from ft.engine.strategies.offload import OffloadStrategy
+from ft.engine.strategies.resident import ResidentStrategy
+
+
+def make_store(layers=2, experts=6, hidden=8, inter=4) -> HostExpertStore:
+    store = HostExpertStore.allocate(layers, range(layers), experts, hidden, inter, torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    for layer in range(layers):
+        store.w13[layer].copy_(torch.randn(store.w13[layer].shape, generator=gen))
+        store.w2[layer].copy_(torch.randn(store.w2[layer].shape, generator=gen))
+    return store
+
+
+def test_lru_eviction_order_and_slot_reuse():
+    cache = ExpertCache(make_store(), num_slots=3, device="cpu")
+    first = cache.ensure(0, [1, 2, 3])
+    assert sorted(first) == [0, 1, 2]
+    cache.ensure(0, [1])  # 1 becomes most recently used: LRU order is now 2, 3, 1
+    assert cache.cached() == [(0, 2), (0, 3), (0, 1)]
+    slot_of_2 = cache.slot_of(0, 2)
+    (slot,) = cache.ensure(1, [4])  # evicts (0, 2), the least recently used
+    assert slot == slot_of_2
+    assert cache.slot_of(0, 2) is None
+    assert cache.cached() == [(0, 3), (0, 1), (1, 4)]
+    assert (cache.hits, cache.misses, cache.evictions) == (1, 4, 1)
+
+
+def test_slots_hold_the_experts_they_are_keyed_by():
+    store = make_store()
+    cache = ExpertCache(store, num_slots=2, device="cpu")
+    for layer, expert in [(0, 5), (1, 5), (0, 0), (1, 3), (0, 5)]:
+        (slot,) = cache.ensure(layer, [expert])
+        assert torch.equal(cache.w13[slot], store.w13[layer][expert])
+        assert torch.equal(cache.w2[slot], store.w2[layer][expert])
+    assert cache.bytes_fetched == cache.misses * store.expert_bytes
+
+
+def test_hits_do_not_fetch_and_same_call_experts_are_never_evicted():
+    cache = ExpertCache(make_store(), num_slots=2, device="cpu")
+    cache.ensure(0, [0, 1])
+    slots = cache.ensure(0, [1, 2])  # 1 hits; 2 must evict 0, not 1
+    assert slots[0] == cache.slot_of(0, 1) and slots[1] == cache.slot_of(0, 2)
+    assert cache.slot_of(0, 0) is None
+    assert (cache.hits, cache.misses) == (1, 3)
+
+
+def test_offload_with_fewer_slots_than_a_layer_needs_equals_resident():
+    store = make_store()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 8, generator=gen)
+    ids = torch.stack([torch.randperm(6, generator=gen)[:3] for _ in range(5)])  # [T, K]
+    weights = torch.rand(5, 3, generator=gen)
+    resident, offload = ResidentStrategy(store, "cpu"), OffloadStrategy(store, "cpu", num_slots=2)
+    for layer in (0, 1, 0):
+        expected = resident.forward(layer, x, ids, weights)
+        torch.testing.assert_close(offload.forward(layer, x, ids, weights), expected)
+    counters = offload.counters()
+    assert counters["cache_hits"] + counters["cache_misses"] == counters["expert_uses"]
+    assert counters["expert_uses"] == resident.counters()["expert_uses"]
+
+
+def test_dispatch_equals_a_per_token_reference():
+    store = make_store(layers=1)
+    gen = torch.Generator().manual_seed(2)
+    x, ids = torch.randn(4, 8, generator=gen), torch.randint(0, 6, (4, 2), generator=gen)
+    weights = torch.rand(4, 2, generator=gen)
+    out = torch.zeros_like(x)
+    groups = group_by_expert(ids, weights, 6)
+    assert [g.expert for g in groups] == sorted(set(ids.flatten().tolist()))
+    for group in groups:
+        add_expert(out, x, group, store.w13[0][group.expert], store.w2[0][group.expert])
+    torch.testing.assert_close(out, ref_moe(x, ids, weights, store))
+
+
+def ref_moe(x, ids, weights, store):
+    """One token and one expert at a time: the obvious definition."""
+    rows = []
+    for t in range(x.shape[0]):
+        acc = torch.zeros(x.shape[1])
+        for k in range(ids.shape[1]):
+            w13, w2 = store.w13[0][ids[t, k]], store.w2[0][ids[t, k]]
+            gate, up = (w13 @ x[t]).chunk(2)
+            acc += weights[t, k] * (w2 @ (torch.nn.functional.silu(gate) * up))
+        rows.append(acc)
+    return torch.stack(rows)
