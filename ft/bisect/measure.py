@@ -37,9 +37,12 @@ class Measurer:
 
     def env(self, slot: int, sha: str) -> dict[str, str]:
         env = dict(os.environ, FT_BISECT_COMMIT=sha, FT_BISECT_WORKER=str(slot))
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot % len(self.gpus)]
+        if gpu := self._gpu(slot):
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         return env
+
+    def _gpu(self, slot: int) -> str | None:
+        return self.gpus[slot % len(self.gpus)] if self.gpus else None
 
     def ensure(self, sha: str, n: int, phase: str, slot: int) -> None:
         """At least n samples of this phase for `sha`, or a recorded skip."""
@@ -62,8 +65,7 @@ class Measurer:
             raise Interrupted
         if isinstance(value, Skip):
             return value
-        gpu = env.get("CUDA_VISIBLE_DEVICES") if self.gpus else None
-        sample = Sample(value, phase, slot, gpu, round(time.monotonic() - start, 3))
+        sample = Sample(value, phase, slot, self._gpu(slot), round(time.monotonic() - start, 3))
         self.store.add(sha, sample, self._heads[slot][1])
         with self._lock:
             self.taken += 1
@@ -87,20 +89,26 @@ class Measurer:
             self.judge.release(self.scratch.worktree(slot))
 
     def interleave(self, before: str, after: str, n: int) -> str | None:
-        """Confirmation: n fresh samples of each, alternating, each from a fresh start; a
-        failure here is reported, not recorded as a skip (the search already measured it)."""
-        while True:
-            nb, na = (
-                len(self.store.values(before, "confirm")),
-                len(self.store.values(after, "confirm")),
-            )
-            if nb >= n and na >= n:
-                return None
-            sha, slot = (before, 0) if nb <= na else (after, 1)
-            skip = self.take(sha, "confirm", slot)
-            self.release(slot)
-            if skip:
-                return f"{sha[:10]}: {skip.reason}"
+        """Confirmation: n fresh samples of each, alternating. Where both slots share a device
+        each sample starts afresh (the two cannot be up at once on one GPU); with a device
+        each, both stay up and samples alternate between them. A failure here is reported,
+        not recorded as a skip (the search already measured these commits)."""
+        shared = self._gpu(0) == self._gpu(1)
+        try:
+            while True:
+                nb = len(self.store.values(before, "confirm"))
+                na = len(self.store.values(after, "confirm"))
+                if nb >= n and na >= n:
+                    return None
+                sha, slot = (before, 0) if nb <= na else (after, 1)
+                skip = self.take(sha, "confirm", slot)
+                if shared:
+                    self.release(slot)
+                if skip:
+                    return f"{sha[:10]}: {skip.reason}"
+        finally:
+            self.release(0)
+            self.release(1)
 
     def abort(self) -> None:
         self.stop.set()
