@@ -148,11 +148,10 @@ class Scratch:
                 return note
             notes.append(note)
         for patch in stack.patches:
-            try:
-                wt.git.apply("--index", str(patch))
-            except git.GitCommandError as exc:
-                return Skip(f"--patch {patch.name} does not apply: {_first_error_line(exc)}")
-            notes.append(f"patch {patch.name} applied")
+            note = _apply_patch(wt, patch)
+            if isinstance(note, Skip):
+                return note
+            notes.append(note)
         return notes
 
 
@@ -160,17 +159,32 @@ def _apply_pick(wt: git.Repo, pick: str, sha: str) -> Skip | str:
     """syzkaller's rule: a fix the commit already has is not applied again."""
     if wt.is_ancestor(pick, sha):
         return f"pick {pick[:10]} already in the commit"
-    diff = wt.git.diff(f"{pick}^", pick, binary=True) + "\n"
-    try:  # the same change already there under another hash (a rebase, a backport)
-        wt.git.apply("--check", "--reverse", istream=_stdin(diff))
+    if _already_there(wt, wt.git.diff(f"{pick}^", pick, binary=True)):
         return f"pick {pick[:10]} already in the tree"
-    except git.GitCommandError:
-        pass
     try:
         wt.git.cherry_pick("--no-commit", pick)
     except git.GitCommandError as exc:
         return Skip(f"--pick {pick[:10]} does not apply: {_first_error_line(exc)}")
     return f"pick {pick[:10]} applied"
+
+
+def _apply_patch(wt: git.Repo, patch: Path) -> Skip | str:
+    if _already_there(wt, patch.read_text()):
+        return f"patch {patch.name} already in the tree"
+    try:
+        wt.git.apply("--index", str(patch))
+    except git.GitCommandError as exc:
+        return Skip(f"--patch {patch.name} does not apply: {_first_error_line(exc)}")
+    return f"patch {patch.name} applied"
+
+
+def _already_there(wt: git.Repo, diff: str) -> bool:
+    """The change is in the tree already (it reverses cleanly): a backport, a rebase."""
+    try:
+        wt.git.apply("--check", "--reverse", istream=_stdin(diff.rstrip("\n") + "\n"))
+        return True
+    except git.GitCommandError:
+        return False
 
 
 def _stdin(text: str):

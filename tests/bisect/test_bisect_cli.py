@@ -88,6 +88,28 @@ def test_a_fix_from_outside_the_range_is_picked_where_missing(tmp_path):
     assert applied[0] == [f"pick {rep['settings']['picks'][0][:10]} applied"]
     assert "already in the tree" in applied[13][0]
 
+    fix = tmp_path / "fix.patch"  # the same fix as a patch file
+    fix.write_text(git(p.repo, "format-patch", "-1", "--stdout", "fix") + "\n")
+    rep = result(p.bisect("--patch", str(fix), out="patch"))
+    assert culprit(rep) == p.shas[6]
+    applied = {r["index"]: r["applied"] for r in rep["commits"]}
+    assert applied[0] == ["patch 00-fix.patch applied"]
+    assert applied[13] == ["patch 00-fix.patch already in the tree"]
+
+
+def test_a_patch_that_does_not_apply_skips_the_commit_with_the_reason(tmp_path):
+    # notes.txt is "a" everywhere but at commit 6 (the first cut), where the patch cannot apply
+    changes = {0: {"notes.txt": "a\n"}, 6: {"notes.txt": "b\n"}, 7: {"notes.txt": "a\n"}}
+    p = make_project(tmp_path, step(12, 4), changes)
+    patch = tmp_path / "notes.patch"
+    patch.write_text("--- a/notes.txt\n+++ b/notes.txt\n@@ -1 +1 @@\n-a\n+c\n")
+    rep = result(p.bisect("--patch", str(patch)))
+    assert culprit(rep) == p.shas[4]
+    rows = {r["index"]: r for r in rep["commits"]}
+    assert rows[6]["verdict"] == "skip"
+    assert rows[6]["reason"].startswith("--patch 00-notes.patch does not apply")
+    assert rows[0]["applied"] == ["patch 00-notes.patch applied"]
+
 
 def test_endpoints_that_do_not_differ_stop_with_both_samples(tmp_path):
     p = make_project(tmp_path, [100.0] * 6)
