@@ -25,6 +25,15 @@ from ft.bisect.judge import kill_group, run_group
 from ft.bisect.verdict import Skip
 
 READY = re.compile(r"API server is ready to serve on (\S+):(\d+)")  # DESIGN.md section 2
+STARTUP = (  # the startup lines that say how the engine resolved itself (DESIGN.md section 2)
+    "Resolved config:",
+    "MoE experts:",
+    "--moe-cache-auto resolved",
+    "--moe-hybrid-max-fetch",
+    "torch intra-op threads:",
+    "CPU MoE executor ready:",
+    "Allocating",
+)
 Workload = Callable[[str, Any, dict[str, str]], "float | Skip"]
 
 
@@ -33,6 +42,11 @@ class Server:
     proc: Any  # subprocess.Popen
     base_url: str
     log: Path
+
+    def startup_lines(self) -> list[str]:
+        """The resolved-config lines, without the log prefix: compared across commits."""
+        text = self.log.read_text(errors="replace")
+        return [ln[ln.index(key) :] for ln in text.splitlines() for key in STARTUP if key in ln]
 
 
 class EngineJudge:
@@ -58,6 +72,11 @@ class EngineJudge:
                 return self._fail(worktree, warm)
         value = self.workload(server.base_url, self.opts, env)
         return self._fail(worktree, value) if isinstance(value, Skip) else value
+
+    def describe(self, worktree: Path) -> dict[str, Any]:
+        """What the driver records beside the samples: the server's startup lines."""
+        server = self._servers.get(worktree)
+        return {"startup": server.startup_lines()} if server else {}
 
     def release(self, worktree: Path) -> None:
         server = self._servers.pop(worktree, None)

@@ -25,6 +25,10 @@ class Judge(Protocol):
 
     def measure(self, worktree: Path, env: dict[str, str]) -> float | Skip: ...
 
+    def describe(self, worktree: Path) -> dict[str, Any]:
+        """Facts about this checkout worth keeping beside its samples (e.g. startup lines)."""
+        ...
+
     def release(self, worktree: Path) -> None: ...
 
 
@@ -47,6 +51,9 @@ class RunCommandJudge:
         if failed:
             return Skip(_with_tail(failed.reason, err or out))
         return parse_figure(out, self.metric)
+
+    def describe(self, worktree: Path) -> dict[str, Any]:
+        return {}
 
     def release(self, worktree: Path) -> None:
         pass

@@ -66,7 +66,7 @@ class Measurer:
         if isinstance(value, Skip):
             return value
         sample = Sample(value, phase, slot, self._gpu(slot), round(time.monotonic() - start, 3))
-        self.store.add(sha, sample, self._heads[slot][1])
+        self.store.add(sha, sample, self._heads[slot][1], self.judge.describe(worktree))
         with self._lock:
             self.taken += 1
         n = len(self.store.values(sha, phase))

@@ -70,6 +70,7 @@ def _row(i: int, repo: UserRepo, store: SampleStore, result: BisectResult) -> di
         "p_bad": state.p_bad,
         "reason": state.reason,
         "applied": rec["applied"],
+        "facts": rec.get("facts", {}),
         "samples": rec["samples"],
     }
 
@@ -95,6 +96,7 @@ def markdown(rep: dict[str, Any]) -> str:
     parts.append("")
     if rep["culprit"]:
         parts += [details("diffstat", code_block(rep["culprit"]["diffstat"])), ""]
+    parts += _startup_changes(rep)
     rows = [
         [
             r["index"],
@@ -112,6 +114,21 @@ def markdown(rep: dict[str, Any]) -> str:
     parts += [table, "", details("how it was measured", code_block(_how(rep), "json"))]
     parts.append(f"\nPlot: `plot.png` beside this report. {rep['samples_taken']} samples taken.")
     return "\n".join(parts) + "\n"
+
+
+def _startup_changes(rep: dict[str, Any]) -> list[str]:
+    """The engine's startup lines that differ between the last good and the first bad commit:
+    the comparison the seed's user did by hand to rule out a config change."""
+    rows = {r["index"]: r for r in rep["commits"]}
+    cands = [r["index"] for r in rep["candidates"]]
+    before = rows.get(min(cands) - 1, {}).get("facts", {}).get("startup") if cands else None
+    after = rows.get(max(cands), {}).get("facts", {}).get("startup") if cands else None
+    if before is None or after is None:
+        return []
+    gone = [f"- {ln}" for ln in before if ln not in after]
+    new = [f"+ {ln}" for ln in after if ln not in before]
+    body = "\n".join(gone + new) or "(identical: the engine resolved the same config)"
+    return [details("startup lines, last good -> first bad", code_block(body, "diff")), ""]
 
 
 def _how(rep: dict[str, Any]) -> str:

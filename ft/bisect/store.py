@@ -86,6 +86,7 @@ class SampleStore:
             "config": self.config,
             "machine": self._machine,
             "applied": [],
+            "facts": {},
             "samples": [],
             "skip": None,
         }
@@ -98,9 +99,17 @@ class SampleStore:
         skip = self.record(commit)["skip"]
         return skip["reason"] if skip else None
 
-    def add(self, commit: str, sample: Sample, applied: list[str]) -> None:
+    def add(self, commit: str, sample: Sample, applied: list[str], facts: dict) -> None:
+        """One more sample; `applied` (the patch stack's notes) and `facts` (what the judge
+        saw, e.g. the server's startup lines) describe the checkout it was taken on."""
         entry = {**sample.__dict__, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        self._update(commit, lambda rec: (rec["samples"].append(entry), _set(rec, applied)))
+
+        def change(rec: dict[str, Any]) -> None:
+            rec["samples"].append(entry)
+            rec["applied"] = applied
+            rec["facts"] = facts or rec.get("facts", {})
+
+        self._update(commit, change)
 
     def mark_skip(self, commit: str, reason: str, worker: int) -> None:
         entry = {"reason": reason, "worker": worker, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -111,7 +120,3 @@ class SampleStore:
             rec = self._load(commit)
             change(rec)
             write_json_atomic(self._path(commit), rec)
-
-
-def _set(rec: dict[str, Any], applied: list[str]) -> None:
-    rec["applied"] = applied

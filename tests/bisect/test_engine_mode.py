@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import httpx
 import pytest
@@ -44,7 +45,8 @@ class Figure(BaseHTTPRequestHandler):
 
 
 server = ThreadingHTTPServer((host, port), Figure)
-print("Resolved config: moe_strategy='hybrid'", flush=True)
+print("INFO 11-29 10:00:00 Resolved config: moe_strategy='hybrid'", flush=True)
+print("INFO 11-29 10:00:00 MoE experts: bf16 via", "torch" if float(figure) < 40 else "triton")
 print(f"API server is ready to serve on {host}:{port}", flush=True)
 server.serve_forever()
 """
@@ -87,6 +89,10 @@ def test_engine_mode_skips_commits_that_cannot_serve_and_finds_the_step(tmp_path
     assert "lacks --moe-strategy" in reasons[5]
     assert "exited (1) before it was ready: RuntimeError: CUDA out of memory" in reasons[6]
     assert rep["measure"]["serve_args"] == "--moe-strategy hybrid"
+    rows = {r["index"]: r for r in rep["commits"]}
+    assert rows[8]["facts"]["startup"][0] == "Resolved config: moe_strategy='hybrid'"
+    report_md = (Path(rep["out"]) / "report.md").read_text()
+    assert "- MoE experts: bf16 via triton\n+ MoE experts: bf16 via torch" in report_md
     starts = (tmp_path / "starts.txt").read_text().split()
     assert set(starts) == {"0"}  # every server ran with its worker's GPU
     # one server start per commit measured in the search, one per confirmation sample
