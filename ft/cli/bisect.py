@@ -112,13 +112,15 @@ def bisect_cmd(
         )
     console = Console(stderr=True, highlight=False)
     start = time.monotonic()
-
-    def log(msg: str) -> None:
-        console.print(f"[dim]{time.monotonic() - start:7.1f}s[/dim] {msg}", soft_wrap=True)
-
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
     try:
-        rep = bisect(opts, log)
+        with console.status("checking the range", spinner="dots") as status:
+
+            def log(msg: str) -> None:  # a line per event, the latest one beside the spinner
+                console.print(f"[dim]{time.monotonic() - start:7.1f}s[/dim] {msg}", soft_wrap=True)
+                status.update(msg)
+
+            rep = bisect(opts, log)
     except (KeyboardInterrupt, Interrupted):
         console.print("error: interrupted; every finished sample is saved: run the same "
                       "command again (or `ft bisect --resume`) to continue")  # fmt: skip
