@@ -82,6 +82,8 @@ class Bisector:
     def endpoints(self) -> tuple[list[float], list[float]]:
         good, bad = self.states[0].sha, self.states[-1].sha
         target = min(2 * self.cfg.repeats, self.cfg.max_repeats)
+        for sha in (good, bad):  # an endpoint that failed last time is tried again
+            self.store.clear_skip(sha)
         while True:
             self._parallel([(good, target, "search"), (bad, target, "search")])
             for state in (self.states[0], self.states[-1]):

@@ -115,6 +115,10 @@ class SampleStore:
         entry = {"reason": reason, "worker": worker, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         self._update(commit, lambda rec: rec.__setitem__("skip", entry))
 
+    def clear_skip(self, commit: str) -> None:
+        if self.skip_reason(commit):
+            self._update(commit, lambda rec: rec.__setitem__("skip", None))
+
     def _update(self, commit: str, change) -> None:
         with self._lock:
             rec = self._load(commit)
