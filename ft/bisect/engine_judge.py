@@ -55,6 +55,7 @@ class EngineJudge:
         self.envs = EnvCache(cache, opts.install_timeout_s)
         self.workload = workload or client_workload
         self._servers: dict[Path, Server] = {}
+        self._flags_ok: set[str] = set()  # commits whose `ft serve --help` had every flag
 
     def config(self) -> dict[str, Any]:
         keep = ("model", "serve_args", "prompts", "max_tokens", "concurrency", "figure")
@@ -101,9 +102,12 @@ class EngineJudge:
             return python
         env = dict(env, PYTHONPATH=str(worktree), COLUMNS="200", NO_COLOR="1", TERM="dumb")
         command = self.serve_command(python, _free_port())
-        missing = self._missing_flags(command, worktree, env)
-        if isinstance(missing, Skip):
-            return missing
+        commit = env.get("FT_BISECT_COMMIT")  # the stack is fixed for a run: commit = checkout
+        if not commit or commit not in self._flags_ok:
+            missing = self._missing_flags(command, worktree, env)
+            if isinstance(missing, Skip):
+                return missing
+            self._flags_ok.add(commit or "")
         log = worktree.parent / f"{worktree.name}.serve.log"
         return _launch(command, worktree, env, log, self.opts.start_timeout_s)
 

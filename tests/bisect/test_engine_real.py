@@ -54,7 +54,7 @@ def test_engine_mode_finds_a_planted_slowdown_in_this_project(tmp_path):
     proc = run_ft(
         "bisect", f"{shas[0]}..{shas[-1]}", "--repo", str(repo), "--model", str(model),
         "--serve-args", "--device cpu", "--prompts", "2", "--max-tokens", "8",
-        "--repeats", "2", "--max-repeats", "8", "--jobs", "2", "--json",
+        "--repeats", "2", "--max-repeats", "16", "--jobs", "2", "--json",
         "--out", str(tmp_path / "out"), timeout=380,
     )  # fmt: skip
     rep = result(proc)
