@@ -70,13 +70,25 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, bench_bw, bench_serve, diagnose, env, generate, model, profile, serve
+    from ft.cli import (
+        bench,
+        bench_bw,
+        bench_serve,
+        bisect,
+        diagnose,
+        env,
+        generate,
+        model,
+        profile,
+        serve,
+    )
 
     env.register(app)
     model.register(app)
     generate.register(app)
     serve.register(app)
     diagnose.register(app)
+    bisect.register(app)
     bench.register(app)
     bench_bw.register(app)
     bench_serve.register(app)

@@ -1,0 +1,163 @@
+"""`ft bisect GOOD..BAD`: find the commit that made a measured figure worse."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+_ENGINE = "Engine mode (default when --run is not given)"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bisect")(bisect_cmd)
+
+
+def bisect_cmd(
+    range_: Annotated[
+        str | None, typer.Argument(metavar="GOOD..BAD", help="Last good and first bad revision.")
+    ] = None,
+    repo: Annotated[Path, typer.Option("--repo", help="The git repository (read only).")] = Path(
+        "."
+    ),
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            help="Shell command run in each commit's worktree; prints the "
+            "figure on its last line (or JSON, see --metric). Exit 125 = skip.",
+        ),
+    ] = None,  # fmt: skip
+    metric: Annotated[
+        str | None, typer.Option("--metric", help="Key (a.b for nested) of the JSON figure.")
+    ] = None,
+    pick: Annotated[
+        list[str] | None,
+        typer.Option("--pick", help="Cherry-pick REV onto every commit that lacks it."),
+    ] = None,
+    patch: Annotated[
+        list[Path] | None, typer.Option("--patch", help="Apply FILE (git apply) to every commit.")
+    ] = None,
+    repeats: Annotated[int, typer.Option("--repeats", help="Samples per commit to start.")] = 3,
+    max_repeats: Annotated[
+        int, typer.Option("--max-repeats", help="Cap when doubling an undecided commit.")
+    ] = 24,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Commits measured at once.")] = 1,
+    max_skips: Annotated[
+        int, typer.Option("--max-skips", help="Stop after more unmeasurable commits.")
+    ] = 6,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds for one --run measurement.")
+    ] = 600.0,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the last run (or the one in --out).")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="State and report dir (default: in the cache).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Model for `ft serve`.", rich_help_panel=_ENGINE)
+    ] = None,
+    serve_args: Annotated[
+        str,
+        typer.Option(
+            "--serve-args",
+            help="Engine flags for `ft serve`, e.g. '--moe-strategy hybrid'.",
+            rich_help_panel=_ENGINE,
+        ),
+    ] = "",  # fmt: skip
+    prompts: Annotated[int, typer.Option(help="Workload prompts.", rich_help_panel=_ENGINE)] = 8,
+    max_tokens: Annotated[
+        int, typer.Option(help="Tokens per request.", rich_help_panel=_ENGINE)
+    ] = 64,
+    concurrency: Annotated[
+        int, typer.Option(help="Requests in flight.", rich_help_panel=_ENGINE)
+    ] = 1,
+    figure: Annotated[
+        str,
+        typer.Option(
+            help="WorkloadResult field: e2e_decode_tok_s, engine_decode_tok_s, ttft_s.",
+            rich_help_panel=_ENGINE,
+        ),
+    ] = "e2e_decode_tok_s",  # fmt: skip
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
+) -> None:
+    """Find the commit that made a figure worse: endpoints first, rank tests, a patch stack."""
+    from ft.bisect.config import BisectConfig
+    from ft.bisect.driver import BisectOptions, EngineOptions, bisect, resume_options
+    from ft.bisect.measure import Interrupted
+
+    if range_ is None:
+        if not resume:
+            raise typer.BadParameter("give GOOD..BAD (or --resume)")
+        opts = resume_options(str(out) if out else None)
+    else:
+        opts = BisectOptions(
+            range=range_,
+            repo=str(repo.resolve()),
+            run=run,
+            metric=metric,
+            picks=tuple(pick or ()),
+            patches=tuple(str(p.resolve()) for p in patch or ()),
+            timeout_s=timeout,
+            search=BisectConfig(repeats, max_repeats, jobs, max_skips),
+            engine=EngineOptions(model, serve_args, prompts, max_tokens, concurrency, figure),
+            out=str(out.resolve()) if out else None,
+        )
+    console = Console(stderr=True, highlight=False)
+    start = time.monotonic()
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
+    try:
+        with console.status("checking the range", spinner="dots") as status:
+
+            def log(msg: str) -> None:  # a line per event, the latest one beside the spinner
+                console.print(f"[dim]{time.monotonic() - start:7.1f}s[/dim] {msg}", soft_wrap=True)
+                status.update(msg)
+
+            rep = bisect(opts, log)
+    except (KeyboardInterrupt, Interrupted):
+        console.print("error: interrupted; every finished sample is saved: run the same "
+                      "command again (or `ft bisect --resume`) to continue")  # fmt: skip
+        raise typer.Exit(130) from None
+    if json_out:
+        typer.echo(json.dumps(rep, indent=2))
+    else:
+        _render(rep)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _render(rep: dict[str, Any]) -> None:
+    console = Console()
+    table = Table(title=f"ft bisect ({rep['direction']} is worse)")
+    for col in ("#", "commit", "subject", "median", "IQR", "n", "verdict", "note"):
+        table.add_column(col, justify="right" if col in ("#", "median", "IQR", "n") else "left")
+    style = {"good": "green", "bad": "red", "skip": "dim", "unknown": "yellow"}
+    for r in rep["commits"]:
+        table.add_row(
+            str(r["index"]), r["sha"][:10], r["subject"][:50],
+            "" if r["median"] is None else f"{r['median']:.4g}",
+            "" if r["spread"] is None else f"{r['spread']:.3g}",
+            str(r["n"]), r["verdict"] or "", r["reason"] or "",
+            style=style.get(r["verdict"] or ""),
+        )  # fmt: skip
+    console.print(table)
+    console.print(f"endpoints: {rep['endpoints']['text']}")
+    if rep["confirmation"]:
+        console.print(f"last good -> first bad: {rep['confirmation']['note']}")
+    if c := rep["culprit"]:
+        console.print(
+            f"[bold]{rep['message']}[/bold]\n  {c['subject']}\n  {c['author']}, {c['date']}"
+        )
+        console.print(c["diffstat"])
+    else:
+        console.print(f"[bold]{rep['message']}[/bold]")
+    console.print(f"report: {rep['out']}/report.md, report.json, plot.png")

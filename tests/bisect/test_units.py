@@ -1,0 +1,87 @@
+"""The pieces without git: verdicts, figures, statistics, cuts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ft.bisect.config import BisectConfig
+from ft.bisect.judge import parse_figure
+from ft.bisect.search import cut_points
+from ft.bisect.stats import classify, effect, rank_p
+from ft.bisect.verdict import Outcome, Skip, Verdict, command_outcome
+from ft.errors import FtError
+
+GOOD = [100.1, 98.0, 99.6, 101.5, 98.6, 97.1]
+BAD = [80.8, 80.4, 80.1, 76.7, 77.4, 82.2]
+
+
+def test_exit_codes_map_once():
+    assert command_outcome(0) is None
+    assert "exit 125" in command_outcome(125).reason
+    assert "failed (exit 1)" in command_outcome(1).reason
+    assert "signal 9" in command_outcome(-9).reason
+    assert Outcome.FOUND.exit_code == 0 and Outcome.ABORTED.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("stdout", "metric", "expected"),
+    [
+        ("compiling\n12.5\n", None, 12.5),
+        ('{"decode": {"tok_s": 33.4}}\n', "decode.tok_s", 33.4),
+        ('log\n{"tok_s": 7}', "tok_s", 7.0),
+    ],
+)
+def test_figures_are_read_from_the_last_line(stdout, metric, expected):
+    assert parse_figure(stdout, metric) == expected
+
+
+@pytest.mark.parametrize(
+    ("stdout", "metric", "reason"),
+    [
+        ("", None, "printed nothing"),
+        ("12.5\ndone\n", None, "not a number: 'done'"),
+        ('{"other": 1}', "tok_s", "no 'tok_s'"),
+        ("nan", None, "figure is nan"),
+    ],
+)
+def test_unreadable_figures_are_skips_with_the_reason(stdout, metric, reason):
+    skip = parse_figure(stdout, metric)
+    assert isinstance(skip, Skip) and reason in skip.reason
+
+
+def test_a_good_commit_stays_good_however_many_samples_it_gets():
+    # seen in CI: 24 samples of a good commit differ a little from 6 of the endpoint
+    rng = random.Random(1)
+    xs = [101 + rng.gauss(0, 1.5) for _ in range(24)]
+    assert rank_p(xs, GOOD) < 0.05
+    assert classify(xs, GOOD, BAD).verdict == Verdict.GOOD
+
+
+def test_verdicts_against_both_endpoints():
+    assert classify([99.0, 100.5, 98.2], GOOD, BAD).verdict == Verdict.GOOD
+    assert classify([79.0, 81.5, 80.2], GOOD, BAD).verdict == Verdict.BAD
+    assert classify([99.0, 80.5], GOOD, BAD).verdict == Verdict.UNKNOWN  # too few to tell
+    assert classify([90.0, 90.5, 89.8, 90.2], GOOD, BAD).verdict == Verdict.UNKNOWN  # halfway
+
+
+def test_effect_has_a_confidence_interval_around_the_shift():
+    eff = effect(GOOD, BAD)
+    assert eff.low <= eff.delta <= eff.high < 0
+    assert -0.25 < eff.relative < -0.15
+    assert eff.p < 0.01
+
+
+def test_cuts_split_the_range_evenly():
+    assert cut_points(list(range(1, 15)), 1) == [8]
+    three = cut_points(list(range(1, 16)), 3)
+    assert len(three) == 3 and three == sorted(three)
+    gaps = [b - a for a, b in zip([0, *three], [*three, 16], strict=True)]
+    assert max(gaps) - min(gaps) <= 1
+    assert cut_points([4, 5], 3) == [4, 5]
+
+
+def test_bad_settings_are_user_errors():
+    with pytest.raises(FtError, match="--max-repeats"):
+        BisectConfig(repeats=8, max_repeats=4)
