@@ -8,19 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ft.cli.options import (
-    CacheAutoOpt,
-    CacheRateOpt,
-    CacheSizeOpt,
-    DeviceOpt,
-    DtypeOpt,
-    GpuMemoryOpt,
-    KvReserveOpt,
-    MaxModelLenOpt,
-    ModelOpt,
-    StrategyOpt,
-    engine_config_from_options,
-)  # fmt: skip
+from ft.cli.options import EngineFlags, engine_options
 from ft.errors import FtError
 
 
@@ -28,6 +16,7 @@ def register(app: typer.Typer) -> None:
     app.command("generate")(generate)
 
 
+@engine_options(exclude=("max_num_seqs",))
 def generate(
     prompt: Annotated[str | None, typer.Option("--prompt", help="Prompt text.")] = None,
     prompt_ids: Annotated[
@@ -38,17 +27,9 @@ def generate(
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed.")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at EOS.")] = False,
-    model: ModelOpt = None,
-    device: DeviceOpt = None,
-    dtype: DtypeOpt = None,
-    moe_strategy: StrategyOpt = "resident",
-    moe_cache_size: CacheSizeOpt = None,
-    moe_cache_rate: CacheRateOpt = None,
-    moe_cache_auto: CacheAutoOpt = False,
-    kv_reserve_tokens: KvReserveOpt = None,
-    gpu_memory_limit: GpuMemoryOpt = None,
-    max_model_len: MaxModelLenOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    *,
+    engine: EngineFlags,
 ) -> None:
     """Generate from one prompt with the reference engine (greedy unless --temperature)."""
     from ft.engine.runner import LLMEngine, SamplingParams
@@ -56,18 +37,12 @@ def generate(
     if (prompt is None) == (prompt_ids is None):
         raise FtError("give exactly one of --prompt or --prompt-ids")
     params = SamplingParams(max_tokens, temperature, top_p, seed, ignore_eos)
-    config = engine_config_from_options(
-        model=model, device=device, dtype=dtype, moe_strategy=moe_strategy,
-        moe_cache_size=moe_cache_size, moe_cache_rate=moe_cache_rate,
-        moe_cache_auto=moe_cache_auto, kv_reserve_tokens=kv_reserve_tokens,
-        gpu_memory_limit=gpu_memory_limit, max_num_seqs=1, max_model_len=max_model_len,
-    )  # fmt: skip
-    engine = LLMEngine(config)
+    llm = LLMEngine(engine.config(max_num_seqs=1))
     try:
-        ids = _parse_ids(prompt_ids) if prompt_ids is not None else engine.tokenizer.encode(prompt)
-        result = run_one(engine, ids, params)
+        ids = _parse_ids(prompt_ids) if prompt_ids is not None else llm.tokenizer.encode(prompt)
+        result = run_one(llm, ids, params)
     finally:
-        engine.close()
+        llm.close()
     if json_out:
         typer.echo(json.dumps(result))
     else:

@@ -1,80 +1,115 @@
-"""Engine flags shared by `ft generate`, `ft serve`, `ft diagnose` and `ft bench`: one
-Annotated type per flag and one function that turns them into an EngineConfig."""
+"""Engine flags, declared once: `@engine_options` gives a command every flag of the engine and
+hands them to it as one `EngineFlags`, so `ft generate`, `ft serve` and the benchmarks never
+repeat the list (a flag added here reaches every command)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-ModelOpt = Annotated[
-    Path | None,
-    typer.Option("--model", help="Model directory (HF layout). Default: the built-in tiny model."),
-]
-DeviceOpt = Annotated[
-    str | None, typer.Option("--device", help="cpu | cuda (default: cuda when available).")
-]
-DtypeOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--dtype", help="bfloat16 | float16 | float32 (default: bf16 on cuda, fp32 on cpu)."
-    ),
-]
-StrategyOpt = Annotated[
-    str,
-    typer.Option(
-        "--moe-strategy", help="resident (all experts on the device) | offload (expert cache)."
-    ),
-]
-CacheSizeOpt = Annotated[
-    int | None, typer.Option("--moe-cache-size", help="Expert cache slots (all layers together).")
-]
-CacheRateOpt = Annotated[
-    float | None,
-    typer.Option("--moe-cache-rate", help="Expert cache as a fraction of all experts."),
-]
-CacheAutoOpt = Annotated[
-    bool,
-    typer.Option("--moe-cache-auto", help="Cache what fits after weights, KV cache and a margin."),
-]
-KvReserveOpt = Annotated[
-    int | None,
-    typer.Option("--kv-reserve-tokens", help="Tokens of KV cache to reserve (all sequences)."),
-]
-GpuMemoryOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--gpu-memory-limit", help="GiB the engine may use on the device (emulate a small card)."
-    ),
-]
-MaxNumSeqsOpt = Annotated[int, typer.Option("--max-num-seqs", help="Sequences decoded at once.")]
-MaxModelLenOpt = Annotated[
-    int | None, typer.Option("--max-model-len", help="Longest sequence (prompt + output).")
-]
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The engine flags as given on the command line; `config()` makes the EngineConfig."""
+
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model", help="Model directory (HF layout). Default: the built-in tiny model."
+        ),
+    ] = None
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu | cuda (default: cuda when available).")
+    ] = None
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype", help="bfloat16 | float16 | float32 (default: bf16 on cuda, fp32 on cpu)."
+        ),
+    ] = None
+    moe_strategy: Annotated[
+        str,
+        typer.Option(
+            "--moe-strategy", help="resident (all experts on the device) | offload (expert cache)."
+        ),
+    ] = "resident"
+    moe_cache_size: Annotated[
+        int | None,
+        typer.Option("--moe-cache-size", help="Expert cache slots (all layers together)."),
+    ] = None
+    moe_cache_rate: Annotated[
+        float | None,
+        typer.Option("--moe-cache-rate", help="Expert cache as a fraction of all experts."),
+    ] = None
+    moe_cache_auto: Annotated[
+        bool,
+        typer.Option(
+            "--moe-cache-auto", help="Cache what fits after weights, KV cache and a margin."
+        ),
+    ] = False
+    kv_reserve_tokens: Annotated[
+        int | None,
+        typer.Option("--kv-reserve-tokens", help="Tokens of KV cache to reserve (all sequences)."),
+    ] = None
+    gpu_memory_limit: Annotated[
+        float | None,
+        typer.Option(
+            "--gpu-memory-limit",
+            help="GiB the engine may use on the device (emulate a small card).",
+        ),
+    ] = None
+    max_num_seqs: Annotated[
+        int, typer.Option("--max-num-seqs", help="Sequences decoded at once.")
+    ] = 8
+    max_model_len: Annotated[
+        int | None, typer.Option("--max-model-len", help="Longest sequence (prompt + output).")
+    ] = None
+
+    def config(self, **overrides: Any):
+        """The EngineConfig for these flags; no --model means the built-in tiny model."""
+        from ft.engine.config import EngineConfig
+        from ft.engine.synth import builtin_tiny
+
+        flags = replace(self, **overrides)
+        values = {f.name: getattr(flags, f.name) for f in fields(flags)}
+        model = values.pop("model")
+        return EngineConfig(
+            model=str(model) if model is not None else str(builtin_tiny()), **values
+        )
 
 
-def engine_config_from_options(
-    model: Path | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    moe_strategy: str = "resident",
-    moe_cache_size: int | None = None,
-    moe_cache_rate: float | None = None,
-    moe_cache_auto: bool = False,
-    kv_reserve_tokens: int | None = None,
-    gpu_memory_limit: float | None = None,
-    max_num_seqs: int = 8,
-    max_model_len: int | None = None,
-):
-    """The EngineConfig for these flags; no --model means the built-in tiny model."""
-    from ft.engine.config import EngineConfig
-    from ft.engine.synth import builtin_tiny
+def _flag_parameters(exclude: frozenset[str]) -> list[inspect.Parameter]:
+    hints = inspect.get_annotations(EngineFlags, eval_str=True)
+    return [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                          annotation=hints[f.name])
+        for f in fields(EngineFlags) if f.name not in exclude
+    ]  # fmt: skip
 
-    return EngineConfig(
-        model=str(model) if model is not None else str(builtin_tiny()),
-        device=device, dtype=dtype, moe_strategy=moe_strategy,
-        moe_cache_size=moe_cache_size, moe_cache_rate=moe_cache_rate,
-        moe_cache_auto=moe_cache_auto, kv_reserve_tokens=kv_reserve_tokens,
-        gpu_memory_limit=gpu_memory_limit, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-    )  # fmt: skip
+
+def engine_options(command=None, *, exclude: tuple[str, ...] = ()):
+    """Decorator: add every engine flag (less `exclude`) to a typer command, which receives them
+    as its `engine: EngineFlags` parameter."""
+
+    def decorate(func):
+        flag_params = _flag_parameters(frozenset(exclude))
+        own = inspect.signature(func, eval_str=True)
+        kept = [p for p in own.parameters.values() if p.name != "engine"]
+
+        @functools.wraps(func)
+        def wrapper(**kwargs):
+            flags = EngineFlags(**{p.name: kwargs.pop(p.name) for p in flag_params})
+            return func(engine=flags, **kwargs)
+
+        params = kept + flag_params
+        wrapper.__signature__ = own.replace(parameters=params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        del wrapper.__wrapped__  # typer must read the new signature, not the wrapped one
+        return wrapper
+
+    return decorate(command) if command is not None else decorate

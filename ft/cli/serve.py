@@ -7,27 +7,14 @@ from typing import Annotated
 import typer
 
 from ft import settings
-from ft.cli.options import (
-    CacheAutoOpt,
-    CacheRateOpt,
-    CacheSizeOpt,
-    DeviceOpt,
-    DtypeOpt,
-    GpuMemoryOpt,
-    KvReserveOpt,
-    MaxModelLenOpt,
-    MaxNumSeqsOpt,
-    ModelOpt,
-    StrategyOpt,
-    engine_config_from_options,
-)  # fmt: skip
+from ft.cli.options import EngineFlags, engine_options
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 1919
 
 
+@engine_options
 def serve(
-    model: ModelOpt = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = DEFAULT_HOST,
     port: Annotated[
         int,
@@ -37,16 +24,8 @@ def serve(
         str | None,
         typer.Option("--api-key", help="Require 'Authorization: Bearer KEY' on /v1/*."),
     ] = None,
-    device: DeviceOpt = None,
-    dtype: DtypeOpt = None,
-    moe_strategy: StrategyOpt = "resident",
-    moe_cache_size: CacheSizeOpt = None,
-    moe_cache_rate: CacheRateOpt = None,
-    moe_cache_auto: CacheAutoOpt = False,
-    kv_reserve_tokens: KvReserveOpt = None,
-    gpu_memory_limit: GpuMemoryOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = 8,
-    max_model_len: MaxModelLenOpt = None,
+    *,
+    engine: EngineFlags,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     from ft.engine.runner import LLMEngine
@@ -54,18 +33,11 @@ def serve(
 
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     try:
-        config = engine_config_from_options(
-            model=model, device=device, dtype=dtype, moe_strategy=moe_strategy,
-            moe_cache_size=moe_cache_size, moe_cache_rate=moe_cache_rate,
-            moe_cache_auto=moe_cache_auto, kv_reserve_tokens=kv_reserve_tokens,
-            gpu_memory_limit=gpu_memory_limit, max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-        )  # fmt: skip
-        engine = LLMEngine(config)
+        llm = LLMEngine(engine.config())
     except BaseException:
         sock.close()
         raise
-    run_server(engine, sock, api_key=api_key or settings.api_key())
+    run_server(llm, sock, api_key=api_key or settings.api_key())
 
 
 def register(app: typer.Typer) -> None:
