@@ -65,7 +65,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     used = dense + kv_bytes
     strategy, cache_size = _strategy(config, store, budget, used)
-    log.info(f"MoE experts: {config.expert_format} via torch")
+    log.info(f"MoE experts: {config.expert_format} via {strategy.kernel}")
     kv = KVCache(
         cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, config.device
     )
