@@ -70,7 +70,18 @@ def _root(
 
 def _register() -> None:
     """Attach each command group; one line per module in ft/cli."""
-    from ft.cli import bench, bench_bw, bench_serve, diagnose, env, generate, model, profile, serve
+    from ft.cli import (
+        bench,
+        bench_bw,
+        bench_decode,
+        bench_serve,
+        diagnose,
+        env,
+        generate,
+        model,
+        profile,
+        serve,
+    )
 
     env.register(app)
     model.register(app)
@@ -80,6 +91,7 @@ def _register() -> None:
     bench.register(app)
     bench_bw.register(app)
     bench_serve.register(app)
+    bench_decode.register(app)
     profile.register(app)
 
 
