@@ -6,6 +6,7 @@ each decode step timed on its own (one forward with the KV cache, argmax, device
 from __future__ import annotations
 
 import gc
+import inspect
 import statistics
 import time
 
@@ -56,12 +57,13 @@ def _measure(model, batch: int, cfg, progress) -> tuple[list[float], dict]:
 
     device = model.get_input_embeddings().weight.device
     ids = torch.tensor(prompts(model.config.vocab_size, batch, cfg.prompt_len), device=device)
+    cache_arg = _cache_argument(model)
     out = model(input_ids=ids, use_cache=True)  # prefill, not timed
-    past, seconds = out.past_key_values, []
+    seconds = []
     for step in range(cfg.warmup + cfg.tokens):
         start = time.perf_counter()
-        out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        past = {cache_arg: getattr(out, cache_arg)}
+        out = model(input_ids=out.logits[:, -1:].argmax(-1), use_cache=True, **past)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if step >= cfg.warmup:
@@ -69,6 +71,12 @@ def _measure(model, batch: int, cfg, progress) -> tuple[list[float], dict]:
         progress(f"accelerate batch {batch}", 1)
     placement = sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()})
     return seconds, {"device_map": placement}
+
+
+def _cache_argument(model) -> str:
+    """transformers >= 5.x names the KV cache `cache`; older ones `past_key_values`."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _row(batch: int, seconds: list[float] | None, extra: dict | None = None, error=None) -> dict:
