@@ -97,18 +97,19 @@ def reduce_pairs(blocks: PairBlocks, y: torch.Tensor, tokens: int) -> torch.Tens
 
 
 def torch_moe_pairs(x, w13, w2, blocks: PairBlocks) -> torch.Tensor:
-    """The torch backend: one small matmul pair per active block (host loop over blocks)."""
+    """The torch backend: one small matmul pair per active block (host loop over blocks). A
+    block's live rows are one contiguous run, as pairs are sorted by slot."""
     y = torch.zeros(blocks.num_pairs, x.shape[1], dtype=torch.float32, device=x.device)
     slots = blocks.slot.tolist()  # free on the CPU; a sync on CUDA (Triton is the CUDA path)
     for start, slot in zip(blocks.block_start.tolist(), blocks.block_slot.tolist(), strict=True):
         if slot < 0:
             continue
-        end = min(start + blocks.block_m, len(slots))
-        rows = [r for r in range(start, end) if slots[r] == slot]
-        index = torch.tensor(rows, device=x.device)
-        gate, up = F.linear(x[blocks.tok[index]], w13[slot]).chunk(2, dim=-1)  # [n, I] each
-        h = F.linear(F.silu(gate) * up, w2[slot]).float()  # [n, D]
-        y[index] = h * blocks.weight[index].float()[:, None]
+        end = start
+        while end < min(start + blocks.block_m, len(slots)) and slots[end] == slot:
+            end += 1
+        gate, up = F.linear(x[blocks.tok[start:end]], w13[slot]).chunk(2, dim=-1)  # [n, I] each
+        h = F.linear(F.silu(gate) * up, w2[slot])  # [n, D]
+        y[start:end] = h * blocks.weight[start:end, None].to(h.dtype)
     return y
 
 
