@@ -80,12 +80,22 @@ def run_decode_bench(cfg: DecodeBenchConfig, progress: Progress = lambda *_: Non
     for strategy in cfg.strategies:
         results += _run_strategy(cfg, base, strategy, store, shape, bw, progress)
     del store
-    gc.collect()  # the peer loads the checkpoint again: give the host memory back first
+    _release_host_memory()  # the peer loads the checkpoint again: give the host memory back
     if cfg.peer:
         from ft.bench.peer import run_accelerate
 
         results += run_accelerate(cfg, base, progress)
     return _report(cfg, base, bw, shape, results)
+
+
+def _release_host_memory() -> None:
+    gc.collect()
+    if not torch.cuda.is_available():
+        return
+    for name in ("_accelerator_emptyHostCache", "_host_emptyCache"):  # torch 2.13 / older
+        if hasattr(torch._C, name):  # freed pinned blocks stay cached until emptied
+            getattr(torch._C, name)()
+            return
 
 
 def _load_store(base):
