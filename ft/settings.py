@@ -28,6 +28,12 @@ def moe_kernel() -> str:
     return value if value in ("auto", "torch") else "auto"
 
 
+def cuda_graphs() -> bool:
+    """FT_CUDA_GRAPHS=1: replay the decode step as CUDA graphs where the strategy never waits
+    for the host (resident); experimental, off by default."""
+    return os.environ.get("FT_CUDA_GRAPHS", "") not in ("", "0", "false", "no")
+
+
 def api_key() -> str | None:
     """FT_API_KEY: the key `ft serve` requires and `ft bench serve` sends (default: none)."""
     return os.environ.get("FT_API_KEY") or None

@@ -41,6 +41,7 @@ class Batch:
     positions: torch.Tensor  # [T]
     spans: list[Span]
     slots: torch.Tensor  # [B] cache slot of each sequence (decode path)
+    kv_len: int | None = None  # decode: keys to attend over (padded, masked); None: the longest
 
     @property
     def is_decode(self) -> bool:
@@ -118,7 +119,7 @@ def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
     """One new token per sequence, all sequences in one attention call, padded to the longest."""
     k_cache[batch.slots, batch.positions] = k  # [B, G, d] scattered into their slots
     v_cache[batch.slots, batch.positions] = v
-    longest = max(s.start for s in batch.spans) + 1
+    longest = batch.kv_len or max(s.start for s in batch.spans) + 1  # CUDA graphs fix kv_len
     keys = k_cache[batch.slots, :longest].transpose(1, 2)  # [B, G, longest, d]
     values = v_cache[batch.slots, :longest].transpose(1, 2)
     mask = torch.arange(longest, device=q.device)[None, :] <= batch.positions[:, None]

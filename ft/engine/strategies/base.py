@@ -13,6 +13,7 @@ class MoeStrategy:
     """forward(layer, x [T, D], topk_ids [T, K], topk_weights [T, K]) -> [T, D]."""
 
     name = "base"
+    graph_safe = False  # True: decode never waits for the host, so CUDA graphs can capture it
 
     def __init__(self, store: HostExpertStore, device: torch.device | str = "cpu"):
         self.store = store
@@ -35,6 +36,10 @@ class MoeStrategy:
             return
         blocks = blocks_from_groups(groups, slots, x.device)
         out += reduce_pairs(blocks, moe_pairs(x, w13, w2, blocks, self.kernel), x.shape[0])
+
+    def device_counters(self) -> list[torch.Tensor]:
+        """Counters kept on the device (saved around CUDA-graph warm-ups)."""
+        return []
 
     def counters(self) -> dict[str, int]:
         """Cumulative: cache_hits + cache_misses == expert_uses for every strategy."""

@@ -14,6 +14,7 @@ from ft.engine.strategies.base import MoeStrategy
 
 class ResidentStrategy(MoeStrategy):
     name = "resident"
+    graph_safe = True
 
     def __init__(self, store, device: torch.device | str):
         super().__init__(store, device)
@@ -34,6 +35,9 @@ class ResidentStrategy(MoeStrategy):
     def run_groups(self, layer, x, groups, out) -> None:
         slots = [g.expert for g in groups]
         self.compute_groups(x, self.w13[layer], self.w2[layer], groups, slots, out)
+
+    def device_counters(self) -> list[torch.Tensor]:
+        return [self._uses_on_device]
 
     def counters(self) -> dict[str, int]:
         uses = self.expert_uses + int(self._uses_on_device)  # one sync per call, not per layer
