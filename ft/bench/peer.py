@@ -26,7 +26,7 @@ def run_accelerate(cfg, base, progress) -> list[dict]:
         progress("accelerate: skipped", len(cfg.batches) * (cfg.warmup + cfg.tokens))
         return [_row(b, None, error=str(exc).split("\n")[0]) for b in cfg.batches]
     try:
-        return [_row(b, *_measure(model, b, cfg, progress), None) for b in cfg.batches]
+        return [_row(b, *_measure(model, b, cfg, base.device, progress), None) for b in cfg.batches]
     finally:
         del model
         gc.collect()
@@ -52,10 +52,10 @@ def load_peer_model(model_dir: str, device: str, dtype: str, gpu_memory_limit: f
 
 
 @torch.inference_mode()
-def _measure(model, batch: int, cfg, progress) -> tuple[list[float], dict]:
+def _measure(model, batch: int, cfg, base_device: str, progress) -> tuple[list[float], dict]:
     from ft.bench.decode import prompts
 
-    device = model.get_input_embeddings().weight.device
+    device = torch.device(base_device)  # accelerate's hooks move inputs where each module runs
     ids = torch.tensor(prompts(model.config.vocab_size, batch, cfg.prompt_len), device=device)
     cache_arg = _cache_argument(model)
     out = model(input_ids=ids, use_cache=True)  # prefill, not timed
