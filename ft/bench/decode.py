@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
@@ -50,6 +51,7 @@ class DecodeBenchConfig:
     dtype: str | None = None
     profile: str | None = None  # bandwidth profile path; None: the default one if present
     peer: str | None = None  # "accelerate": add the transformers + accelerate baseline
+    trace: str | None = None  # folder: profile a few extra decode steps per run (decode_trace)
 
     def __post_init__(self) -> None:
         known = available_strategies()
@@ -134,7 +136,15 @@ def _run_strategy(cfg, base, strategy, store, shape, bw, progress) -> list[dict]
         progress(f"{strategy}: skipped", len(cfg.batches) * (cfg.warmup + cfg.tokens))
         return [_failed(strategy, b, exc) for b in cfg.batches]
     try:
-        return [_measure(engine, strategy, b, cfg, shape, store, bw, progress) for b in cfg.batches]
+        rows = [_measure(engine, strategy, b, cfg, shape, store, bw, progress) for b in cfg.batches]
+        if cfg.trace:
+            from ft.bench.decode_trace import trace_decode
+
+            for row in rows:
+                batch_prompts = prompts(shape.vocab_size, row["batch"], cfg.prompt_len)
+                name = f"{strategy}-b{row['batch']}"
+                row["trace"] = trace_decode(engine, batch_prompts, Path(cfg.trace), name)
+        return rows
     finally:
         engine.close()
         del engine

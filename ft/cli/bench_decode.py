@@ -49,6 +49,10 @@ def bench_decode(
     peer: Annotated[
         str | None, typer.Option(help="Add a baseline measured the same way: accelerate.")
     ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Folder: profile a few extra decode steps per run (Chrome trace, ops)."),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON report here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -63,6 +67,7 @@ def bench_decode(
         tokens=tokens, warmup=warmup, moe_cache_rate=moe_cache_rate,
         gpu_memory_limit=gpu_memory_limit, device=device, dtype=dtype,
         profile=str(profile) if profile else None, peer=peer,
+        trace=str(trace) if trace else None,
     )  # fmt: skip
     report = _run(cfg)
     if out:

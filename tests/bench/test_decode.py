@@ -96,3 +96,11 @@ def test_bad_flags_are_one_line_errors(flags, message):
     result = CliRunner().invoke(app, ["bench", "decode", *flags])
     assert result.exit_code == 1
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_trace_writes_a_chrome_trace_and_an_op_table(model, tmp_path):
+    got = bench("--model", str(model), "--strategies", "offload", "--tokens", "2",
+                "--warmup", "0", "--trace", str(tmp_path))  # fmt: skip
+    trace = got["results"][0]["trace"]
+    assert json.loads(open(trace["trace"]).read())["traceEvents"]
+    assert "aten::" in open(trace["ops"]).read()
