@@ -118,32 +118,21 @@ def _profile_data(path: str | None) -> dict | None:
 
 
 def _run_strategy(cfg, base, strategy, store, shape, bw, progress) -> list[dict]:
-    from ft.engine.config import EngineConfig
-    from ft.engine.runner import LLMEngine
-
     progress(f"{strategy}: building the engine", 0)
     try:
-        engine = LLMEngine(
-            EngineConfig(
-                model=cfg.model, device=base.device, dtype=base.dtype, moe_strategy=strategy,
-                moe_cache_rate=None if strategy == "resident" else cfg.moe_cache_rate,
-                gpu_memory_limit=cfg.gpu_memory_limit, max_num_seqs=max(cfg.batches),
-                max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
-            ),
-            expert_store=store,
-        )  # fmt: skip
+        engine = _engine(cfg, base, strategy, store)
     except (FtError, torch.cuda.OutOfMemoryError) as exc:
         progress(f"{strategy}: skipped", len(cfg.batches) * (cfg.warmup + cfg.tokens))
         return [_failed(strategy, b, exc) for b in cfg.batches]
     try:
-        rows = [_measure(engine, strategy, b, cfg, shape, store, bw, progress) for b in cfg.batches]
+        rows = []
+        for b in cfg.batches:
+            try:
+                rows.append(_measure(engine, strategy, b, cfg, shape, store, bw, progress))
+            except torch.cuda.OutOfMemoryError as exc:  # this batch and larger ones do not fit
+                return rows + [_failed(strategy, later, exc) for later in cfg.batches[len(rows) :]]
         if cfg.trace:
-            from ft.bench.decode_trace import trace_decode
-
-            for row in rows:
-                batch_prompts = prompts(shape.vocab_size, row["batch"], cfg.prompt_len)
-                name = f"{strategy}-b{row['batch']}"
-                row["trace"] = trace_decode(engine, batch_prompts, Path(cfg.trace), name)
+            _trace(engine, strategy, rows, cfg, shape)
         return rows
     finally:
         engine.close()
@@ -151,6 +140,28 @@ def _run_strategy(cfg, base, strategy, store, shape, bw, progress) -> list[dict]
         gc.collect()
         if base.device == "cuda":
             torch.cuda.empty_cache()
+
+
+def _engine(cfg, base, strategy: str, store):
+    from ft.engine.config import EngineConfig
+    from ft.engine.runner import LLMEngine
+
+    config = EngineConfig(
+        model=cfg.model, device=base.device, dtype=base.dtype, moe_strategy=strategy,
+        moe_cache_rate=None if strategy == "resident" else cfg.moe_cache_rate,
+        gpu_memory_limit=cfg.gpu_memory_limit, max_num_seqs=max(cfg.batches),
+        max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
+    )  # fmt: skip
+    return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared
+
+
+def _trace(engine, strategy: str, rows: list[dict], cfg, shape) -> None:
+    from ft.bench.decode_trace import trace_decode
+
+    for row in rows:
+        batch_prompts = prompts(shape.vocab_size, row["batch"], cfg.prompt_len)
+        name = f"{strategy}-b{row['batch']}"
+        row["trace"] = trace_decode(engine, batch_prompts, Path(cfg.trace), name)
 
 
 def _failed(strategy: str, batch: int, exc: BaseException) -> dict:
