@@ -21,6 +21,19 @@ def cpu_moe_force_inline() -> bool:
     instead of its pool (counted as experts_cpu_inline and warned once)."""
     return os.environ.get("FT_CPU_MOE_INLINE", "") not in ("", "0", "false", "no")
 
+
+def moe_kernel() -> str:
+    """FT_MOE_KERNEL: auto (Triton on CUDA when it imports, else torch) | torch (force torch)."""
+    value = os.environ.get("FT_MOE_KERNEL", "auto").lower()
+    return value if value in ("auto", "torch") else "auto"
+
+
+def cuda_graphs() -> bool:
+    """FT_CUDA_GRAPHS=1: replay the decode step as CUDA graphs where the strategy never waits
+    for the host (resident); experimental, off by default."""
+    return os.environ.get("FT_CUDA_GRAPHS", "") not in ("", "0", "false", "no")
+
+
 def api_key() -> str | None:
     """FT_API_KEY: the key `ft serve` requires and `ft bench serve` sends (default: none)."""
     return os.environ.get("FT_API_KEY") or None

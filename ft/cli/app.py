@@ -73,6 +73,7 @@ def _register() -> None:
     from ft.cli import (
         bench,
         bench_bw,
+        bench_decode,
         bench_serve,
         bisect,
         diagnose,
@@ -92,6 +93,7 @@ def _register() -> None:
     bench.register(app)
     bench_bw.register(app)
     bench_serve.register(app)
+    bench_decode.register(app)
     profile.register(app)
 
 

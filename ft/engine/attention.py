@@ -41,6 +41,7 @@ class Batch:
     positions: torch.Tensor  # [T]
     spans: list[Span]
     slots: torch.Tensor  # [B] cache slot of each sequence (decode path)
+    kv_len: int | None = None  # decode: keys to attend over (padded, masked); None: the longest
 
     @property
     def is_decode(self) -> bool:
@@ -81,10 +82,20 @@ class Rope:
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # [M, d/2]
         emb = torch.cat((freqs, freqs), dim=-1).to(device)
         self.cos, self.sin = emb.cos(), emb.sin()  # [M, d]
+        self._last: tuple = (None, None, None)  # (positions, dtype, (cos, sin)) of the last call
+
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos/sin at these positions, gathered once per forward: every layer passes the same
+        positions tensor (held here, so its identity cannot be reused by another)."""
+        last_positions, last_dtype, tables = self._last
+        if positions is not last_positions or dtype != last_dtype:
+            cos = self.cos[positions].to(dtype)[:, None, :]  # [T, 1, d]
+            tables = (cos, self.sin[positions].to(dtype)[:, None, :])
+            self._last = (positions, dtype, tables)
+        return tables
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions].to(x.dtype)[:, None, :]  # [T, 1, d]
-        sin = self.sin[positions].to(x.dtype)[:, None, :]
+        cos, sin = self._tables(positions, x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -118,7 +129,7 @@ def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
     """One new token per sequence, all sequences in one attention call, padded to the longest."""
     k_cache[batch.slots, batch.positions] = k  # [B, G, d] scattered into their slots
     v_cache[batch.slots, batch.positions] = v
-    longest = max(s.start for s in batch.spans) + 1
+    longest = batch.kv_len or max(s.start for s in batch.spans) + 1  # CUDA graphs fix kv_len
     keys = k_cache[batch.slots, :longest].transpose(1, 2)  # [B, G, longest, d]
     values = v_cache[batch.slots, :longest].transpose(1, 2)
     mask = torch.arange(longest, device=q.device)[None, :] <= batch.positions[:, None]

@@ -9,6 +9,7 @@ import torch
 
 from ft.engine.attention import KVCache, Rope
 from ft.engine.config import EngineConfig, ModelConfig
+from ft.engine.experts.store import HostExpertStore
 from ft.engine.loader import CheckpointReader, load_dense, load_experts
 from ft.engine.memory import (
     GIB,
@@ -41,7 +42,11 @@ class EngineParts:
     stop_token_ids: set[int]
 
 
-def build_engine_parts(config: EngineConfig) -> EngineParts:
+def build_engine_parts(
+    config: EngineConfig, expert_store: HostExpertStore | None = None
+) -> EngineParts:
+    """`expert_store`: a store already loaded from this checkpoint in this dtype (benchmarks
+    build several engines from one load); None loads it."""
     log.info(f"Resolved config: {config.describe()}")
     cfg = ModelConfig.from_dir(config.model)
     tokenizer = load_tokenizer(config.model, cfg.eos_token_id)  # cheap checks before the load
@@ -53,7 +58,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     start = time.perf_counter()
     reader = CheckpointReader(config.model)
     weights = load_dense(reader, cfg, config.device, dtype)
-    store = load_experts(reader, cfg, dtype)
+    store = expert_store or load_experts(reader, cfg, dtype)
+    check_store(store, cfg, dtype)
     dense = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values())
     seconds, experts_gib = time.perf_counter() - start, store.total_bytes / GIB
     log.info(
@@ -65,7 +71,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     used = dense + kv_bytes
     strategy, cache_size = _strategy(config, store, budget, used)
-    log.info(f"MoE experts: {config.expert_format} via torch")
+    log.info(f"MoE experts: {config.expert_format} via {strategy.kernel}")
     kv = KVCache(
         cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, config.device
     )
@@ -73,6 +79,15 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     model = MoeModel(cfg, weights, strategy, kv, rope)
     stops = stop_token_ids(config.model, tokenizer.eos_token_id)
     return EngineParts(cfg, model, strategy, tokenizer, max_len, slots, cache_size, stops)
+
+
+def check_store(store: HostExpertStore, cfg: ModelConfig, dtype) -> None:
+    """A reused store must be this checkpoint's, in this dtype."""
+    shape = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.moe_layers)
+    if (store.num_experts, store.hidden_size, store.intermediate_size, store.moe_layers) != shape:
+        raise FtError("the given expert store does not match the checkpoint's expert shape")
+    if store.dtype != dtype:
+        raise FtError(f"the given expert store is {store.dtype}, the engine runs {dtype}")
 
 
 def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:

@@ -27,8 +27,8 @@ LAYER_TENSORS = {
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    """HF's rounding (normalise in float32, cast, then scale), in 4 launches instead of 8."""
+    x32 = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
     return weight * x32.to(x.dtype)
 
 

@@ -9,12 +9,17 @@ from pathlib import Path
 
 import torch
 
+from ft import settings
 from ft.engine.attention import Batch, Span
 from ft.engine.builder import build_engine_parts
 from ft.engine.config import EngineConfig
+from ft.engine.experts.grouped import MAX_DEVICE_PAIRS
 from ft.engine.sampling import SamplingParams, sample
 from ft.engine.scheduler import Scheduler, Sequence, StepOutput
 from ft.errors import FtError
+from ft.log import get_logger
+
+log = get_logger("ft.engine")
 
 __all__ = ["EngineStats", "LLMEngine", "SamplingParams", "StepOutput"]
 
@@ -47,9 +52,10 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, expert_store=None):
+        """`expert_store`: reuse a HostExpertStore loaded before (ft bench decode); None loads."""
         self.config = config
-        parts = build_engine_parts(config)
+        parts = build_engine_parts(config, expert_store)
         self.model_config, self.model, self.strategy = (
             parts.model_config,
             parts.model,
@@ -66,6 +72,7 @@ class LLMEngine:
         self._aborted: list[StepOutput] = []
         self._stats = EngineStats()
         self.last_step: dict = {}  # per-step counters of the latest step (hits, misses, bytes...)
+        self.graphs = self._decode_graphs(running)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None) -> int:
         params = params or SamplingParams()
@@ -94,8 +101,22 @@ class LLMEngine:
         self._account(seqs, is_prefill, time.perf_counter() - start, before)
         return outputs + self.scheduler.postprocess(seqs, token_ids)
 
+    def _decode_graphs(self, max_batch: int):
+        """CUDA graphs for decode (FT_CUDA_GRAPHS=1) where the strategy allows them."""
+        if not (settings.cuda_graphs() and self.device.type == "cuda" and self.strategy.graph_safe):
+            return None
+        from ft.engine.graphs import KV_BUCKET, DecodeGraphs
+
+        log.info(f"CUDA graphs: decode steps captured per batch size and {KV_BUCKET}-key bucket")
+        return DecodeGraphs(self.model, self.strategy, max_batch, self.max_model_len, self.device)
+
     def _run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        logits = self.model.forward(self._batch(seqs, is_prefill))  # [B, V]
+        batch = self._batch(seqs, is_prefill)
+        pairs = len(seqs) * self.model_config.top_k  # beyond this, MoE groups on the host
+        if self.graphs and not is_prefill and pairs <= MAX_DEVICE_PAIRS:
+            logits = self.graphs.logits(batch)
+        else:
+            logits = self.model.forward(batch)  # [B, V]
         return sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
 
     def _batch(self, seqs: list[Sequence], is_prefill: bool) -> Batch:

@@ -5,6 +5,7 @@ Legend: T = tokens, K = experts per token, D = hidden, I = expert intermediate, 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -23,11 +24,11 @@ def group_by_expert(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_expe
     top_k = topk_ids.shape[1]
     flat = topk_ids.flatten()  # [T*K]
     order = torch.argsort(flat, stable=True)
-    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)  # [A] each
-    experts, counts = torch.stack((experts, counts)).tolist()  # the one host sync per layer
+    sorted_ids = flat[order].tolist()  # the one host sync per layer (unique() would add one)
     tokens, weights = order // top_k, topk_weights.flatten()[order]
     groups, start = [], 0
-    for expert, count in zip(experts, counts, strict=True):
+    for expert, run in itertools.groupby(sorted_ids):
+        count = sum(1 for _ in run)
         groups.append(
             ExpertGroup(expert, tokens[start : start + count], weights[start : start + count])
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ft.engine.experts.dispatch import group_by_expert
+from ft.engine.experts.grouped import blocks_from_groups, moe_pairs, pick_backend, reduce_pairs
 from ft.engine.experts.store import HostExpertStore
 
 
@@ -12,13 +13,15 @@ class MoeStrategy:
     """forward(layer, x [T, D], topk_ids [T, K], topk_weights [T, K]) -> [T, D]."""
 
     name = "base"
+    graph_safe = False  # True: decode never waits for the host, so CUDA graphs can capture it
 
-    def __init__(self, store: HostExpertStore):
+    def __init__(self, store: HostExpertStore, device: torch.device | str = "cpu"):
         self.store = store
         self.expert_uses = 0  # (layer, expert) pairs routed to, one per layer per forward
+        self.kernel = pick_backend(device)  # "triton" | "torch": how experts are computed
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        groups = group_by_expert(topk_ids, topk_weights, self.store.num_experts)
+        groups = group_by_expert(topk_ids, topk_weights, self.store.num_experts)  # one host sync
         self.expert_uses += len(groups)
         out = torch.zeros_like(x)
         self.run_groups(layer, x, groups, out)
@@ -26,6 +29,17 @@ class MoeStrategy:
 
     def run_groups(self, layer, x, groups, out) -> None:
         raise NotImplementedError
+
+    def compute_groups(self, x, w13, w2, groups, slots: list[int], out) -> None:
+        """out += every group's experts, read from bank slots `slots`: one batched compute."""
+        if not groups:
+            return
+        blocks = blocks_from_groups(groups, slots, x.device)
+        out += reduce_pairs(blocks, moe_pairs(x, w13, w2, blocks, self.kernel), x.shape[0])
+
+    def device_counters(self) -> list[torch.Tensor]:
+        """Counters kept on the device (saved around CUDA-graph warm-ups)."""
+        return []
 
     def counters(self) -> dict[str, int]:
         """Cumulative: cache_hits + cache_misses == expert_uses for every strategy."""

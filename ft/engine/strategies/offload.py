@@ -1,10 +1,13 @@
 """`offload`: experts in (pinned) host memory, an N-slot device cache; a miss is copied into a
-slot, then computed on the device."""
+slot, then computed on the device.
+
+Per layer: one host sync (group_by_expert, to learn which experts miss), the misses' copies on
+the cache's side stream, then one batched compute over the cache slots (`compute_slots`).
+"""
 
 from __future__ import annotations
 
 from ft.engine.experts.cache import ExpertCache
-from ft.engine.experts.dispatch import add_expert
 from ft.engine.strategies.base import MoeStrategy
 
 
@@ -12,7 +15,7 @@ class OffloadStrategy(MoeStrategy):
     name = "offload"
 
     def __init__(self, store, device, num_slots: int):
-        super().__init__(store)
+        super().__init__(store, device)
         self.cache = ExpertCache(store, num_slots, device)
 
     def run_groups(self, layer, x, groups, out) -> None:
@@ -20,8 +23,12 @@ class OffloadStrategy(MoeStrategy):
         for start in range(0, len(groups), step):
             chunk = groups[start : start + step]
             slots = self.cache.ensure(layer, [g.expert for g in chunk])
-            for group, slot in zip(chunk, slots, strict=True):
-                add_expert(out, x, group, self.cache.w13[slot], self.cache.w2[slot])
+            self.compute_slots(x, chunk, slots, out)
+
+    def compute_slots(self, x, groups, slots: list[int], out) -> None:
+        """out += these expert groups, computed on the device from cache slots `slots`
+        (slots[i] holds groups[i]'s expert), in one batched compute. Hybrid reuses it."""
+        self.compute_groups(x, self.cache.w13, self.cache.w2, groups, slots, out)
 
     def counters(self) -> dict[str, int]:
         c = self.cache

@@ -1,30 +1,47 @@
-"""`resident`: every routed expert on the device; every use counts as a cache hit."""
+"""`resident`: every routed expert on the device; every use counts as a cache hit.
+
+Decode never waits for the device: the router's ids stay there, the work list is built there
+(`blocks_on_device`) and the experts used are counted there, read once per step by counters().
+"""
 
 from __future__ import annotations
 
 import torch
 
-from ft.engine.experts.dispatch import add_expert
+from ft.engine.experts.grouped import MAX_DEVICE_PAIRS, blocks_on_device, moe_pairs, reduce_pairs
 from ft.engine.strategies.base import MoeStrategy
 
 
 class ResidentStrategy(MoeStrategy):
     name = "resident"
+    graph_safe = True
 
     def __init__(self, store, device: torch.device | str):
-        super().__init__(store)
+        super().__init__(store, device)
         device = torch.device(device)
         same = device.type == "cpu"  # the CPU "device" reads the host store in place
         self.w13 = [w if w is None or same else w.to(device) for w in store.w13]
         self.w2 = [w if w is None or same else w.to(device) for w in store.w2]
+        self._uses_on_device = torch.zeros((), dtype=torch.long, device=device)
+
+    def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        if topk_ids.numel() > MAX_DEVICE_PAIRS:  # prefill: group on the host (one sync)
+            return super().forward(layer, x, topk_ids, topk_weights)
+        blocks = blocks_on_device(topk_ids, topk_weights)  # slot = expert id
+        self._uses_on_device += (blocks.block_slot >= 0).sum()  # distinct experts, no sync
+        y = moe_pairs(x, self.w13[layer], self.w2[layer], blocks, self.kernel)  # [P, D]
+        return reduce_pairs(blocks, y, x.shape[0]).to(x.dtype)
 
     def run_groups(self, layer, x, groups, out) -> None:
-        w13, w2 = self.w13[layer], self.w2[layer]
-        for group in groups:
-            add_expert(out, x, group, w13[group.expert], w2[group.expert])
+        slots = [g.expert for g in groups]
+        self.compute_groups(x, self.w13[layer], self.w2[layer], groups, slots, out)
+
+    def device_counters(self) -> list[torch.Tensor]:
+        return [self._uses_on_device]
 
     def counters(self) -> dict[str, int]:
+        uses = self.expert_uses + int(self._uses_on_device)  # one sync per call, not per layer
         return dict(
-            cache_hits=self.expert_uses, cache_misses=0, experts_fetched=0, bytes_fetched=0,
-            experts_cpu=0, experts_cpu_inline=0, expert_uses=self.expert_uses,
+            cache_hits=uses, cache_misses=0, experts_fetched=0, bytes_fetched=0,
+            experts_cpu=0, experts_cpu_inline=0, expert_uses=uses,
         )  # fmt: skip

@@ -1,0 +1,121 @@
+"""`ft bench decode`: decode tok/s per strategy and batch beside the bandwidth roofline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ft.cli.bench import bench_app
+from ft.cli.options import CacheRateOpt, DeviceOpt, DtypeOpt, GpuMemoryOpt, ModelOpt
+from ft.errors import FtError
+from ft.report import write_json_atomic
+
+
+def register(app: typer.Typer) -> None:
+    """`ft bench decode` lives on the bench group (ft/cli/bench.py)."""
+    bench_app.command("decode")(bench_decode)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise FtError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+def bench_decode(
+    model: ModelOpt = None,
+    strategies: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated (default: every strategy this engine has)."),
+    ] = None,
+    moe_cache_rate: CacheRateOpt = None,
+    gpu_memory_limit: GpuMemoryOpt = None,
+    batch: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated.")] = "1",
+    tokens: Annotated[int, typer.Option(help="Timed decode steps per strategy and batch.")] = 32,
+    warmup: Annotated[int, typer.Option(help="Decode steps dropped before timing.")] = 4,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="Bandwidth profile for the roofline (default: `ft bench bw`'s)."),
+    ] = None,
+    peer: Annotated[
+        str | None, typer.Option(help="Add a baseline measured the same way: accelerate.")
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Folder: profile a few extra decode steps per run (Chrome trace, ops)."),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON report here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Decode tok/s per strategy and batch, the roofline of each run, and measured/roofline."""
+    from ft.bench.decode import DecodeBenchConfig, available_strategies
+    from ft.engine.synth import builtin_tiny
+
+    names = tuple(s.strip() for s in strategies.split(",")) if strategies else None
+    cfg = DecodeBenchConfig(
+        model=str(model) if model else str(builtin_tiny()),
+        strategies=names or available_strategies(), batches=_ints(batch, "--batch"),
+        tokens=tokens, warmup=warmup, moe_cache_rate=moe_cache_rate,
+        gpu_memory_limit=gpu_memory_limit, device=device, dtype=dtype,
+        profile=str(profile) if profile else None, peer=peer,
+        trace=str(trace) if trace else None,
+    )  # fmt: skip
+    report = _run(cfg)
+    if out:
+        write_json_atomic(out, report)
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        render(report, Console())
+
+
+def _run(cfg) -> dict:
+    from ft.bench.decode import run_decode_bench
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("starting", total=cfg.total_steps)
+        return run_decode_bench(cfg, lambda what, n: bar.update(task, description=what, advance=n))
+
+
+def _num(value, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _mb(step: dict, key: str) -> str:
+    return _num(step[key] / 1e6 if step.get(key) is not None else None)
+
+
+def render(report: dict, console: Console) -> None:
+    table = Table(
+        title=f"ft bench decode: {report['model']} ({report['device']}, {report['dtype']})"
+    )
+    heads = ("strategy", "batch", "tok/s", "roofline", "ratio", "bound", "HBM MB",
+             "PCIe MB", "host MB", "note")  # fmt: skip
+    for head in heads:
+        table.add_column(head, justify="left" if head in ("strategy", "note") else "right")
+    for r in report["results"]:
+        roof, step = r.get("roofline") or {}, r.get("per_step") or {}
+        table.add_row(
+            r["strategy"], str(r["batch"]), _num(r["tok_s"]), _num(roof.get("tok_s")),
+            _num(r.get("ratio"), "{:.0%}"), roof.get("bound") or "-", _mb(step, "hbm_bytes"),
+            _mb(step, "pcie_bytes"), _mb(step, "host_bytes"), r.get("error") or "",
+        )  # fmt: skip
+    console.print(table)
+    kernels = sorted({r["kernel"] for r in report["results"] if r.get("kernel")})
+    console.print(f"per decode step; roofline in tok/s; expert kernels: {', '.join(kernels)}")
+    bw = report["bandwidth"]
+    console.print(
+        f"links: HBM {_num(bw['hbm_gbs'])} GB/s ({bw['source']['hbm']}), "
+        f"PCIe {_num(bw['pcie_gbs'])} GB/s, host memory {_num(bw['host_gbs'])} GB/s"
+        + (f"  note: {bw['note']}" if bw.get("note") else "")
+    )

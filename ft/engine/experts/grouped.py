@@ -1,0 +1,137 @@
+"""Batched expert compute over (token, slot) pairs: one gate/up and one down pass for a whole
+layer, reading weights straight from a slot bank (w13 [N, 2I, D], w2 [N, D, I]).
+
+The work list is `PairBlocks`: the layer's pairs sorted by slot, cut into blocks of `block_m`
+rows that each belong to one slot. Block b covers pair rows [start[b], start[b] + block_m) that
+carry slot `block_slot[b]` (-1: nothing to do). Two builders fill it: `blocks_on_device` from
+the router's ids with no host sync (decode), and `blocks_from_groups` from host-known expert
+groups (prefill, offload chunks, hybrid). Two backends run it: Triton (CUDA) and torch (CPU,
+or where Triton is missing); `ref_moe_pairs` is the one-pair-at-a-time reference for tests.
+
+Legend: T = tokens, K = experts per token, P = pairs, NB = blocks, N = slots, D = hidden,
+I = expert intermediate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ft import settings
+
+MIN_BLOCK_M = 16  # tl.dot needs 16 rows at least
+MAX_DEVICE_PAIRS = 128  # above this (prefill), rows of one slot may outgrow a block: group on host
+
+
+@dataclass
+class PairBlocks:
+    tok: torch.Tensor  # [P] token (row of x) of each pair, sorted by slot
+    slot: torch.Tensor  # [P] int32 slot of each pair (-1: skip)
+    weight: torch.Tensor  # [P] routing weight
+    block_start: torch.Tensor  # [NB] int32 first pair row of each block
+    block_slot: torch.Tensor  # [NB] int32 slot of each block (-1: inactive)
+    block_m: int  # pair rows per block, a power of two >= 16
+
+    @property
+    def num_pairs(self) -> int:
+        return self.tok.shape[0]
+
+
+def block_m_for(rows: int) -> int:
+    return max(MIN_BLOCK_M, 1 << max(rows - 1, 0).bit_length())
+
+
+def blocks_on_device(pair_slots: torch.Tensor, weights: torch.Tensor) -> PairBlocks:
+    """From per-pair slots [T, K] (on the device) and weights [T, K]; no host sync. One block
+    per pair row; the first row of each slot's run owns the block and all the run (P <= block_m
+    so a run always fits)."""
+    top_k, flat = pair_slots.shape[1], pair_slots.flatten().to(torch.int32)  # [P]
+    sorted_slots, order = torch.sort(flat, stable=True)
+    previous = F.pad(sorted_slots[:-1], (1, 0), value=-2)
+    first = torch.where(sorted_slots != previous, sorted_slots, -1)  # [P] a block per run
+    starts = torch.arange(flat.shape[0], dtype=torch.int32, device=flat.device)
+    return PairBlocks(
+        tok=order // top_k, slot=sorted_slots, weight=weights.flatten()[order],
+        block_start=starts, block_slot=first, block_m=block_m_for(flat.shape[0]),
+    )  # fmt: skip
+
+
+def blocks_from_groups(groups, slots: list[int], device) -> PairBlocks:
+    """From expert groups (rows and weights on the device, sizes known on the host) and the
+    cache slot of each group; the block list is built on the host and sent in one copy."""
+    sizes = [g.rows.shape[0] for g in groups]
+    block_m = MIN_BLOCK_M if max(sizes, default=0) <= MIN_BLOCK_M else 64
+    pair_slot, starts, owners, offset = [], [], [], 0
+    for size, slot in zip(sizes, slots, strict=True):
+        pair_slot += [slot] * size
+        starts += range(offset, offset + size, block_m)
+        owners += [slot] * len(range(0, size, block_m))
+        offset += size
+    meta = torch.tensor(pair_slot + starts + owners, dtype=torch.int32)
+    if torch.device(device).type == "cuda":  # pinned + non_blocking: the host does not wait
+        meta = meta.pin_memory().to(device, non_blocking=True)
+    p, nb = len(pair_slot), len(starts)
+    return PairBlocks(
+        tok=torch.cat([g.rows for g in groups]), slot=meta[:p],
+        weight=torch.cat([g.weights for g in groups]),
+        block_start=meta[p : p + nb], block_slot=meta[p + nb :], block_m=block_m,
+    )  # fmt: skip
+
+
+def moe_pairs(x, w13, w2, blocks: PairBlocks, backend: str) -> torch.Tensor:
+    """-> y [P, D] float32: weight * FFN_slot(x[tok]) per pair row (0 where the slot is -1)."""
+    if backend == "triton":
+        from ft.engine.experts.triton_moe import triton_moe_pairs
+
+        return triton_moe_pairs(x, w13, w2, blocks)
+    return torch_moe_pairs(x, w13, w2, blocks)
+
+
+def reduce_pairs(blocks: PairBlocks, y: torch.Tensor, tokens: int) -> torch.Tensor:
+    """-> [T, D] float32: each token's pair outputs summed (the same order for every strategy
+    on the CPU, so resident and offload agree bit for bit there)."""
+    acc = torch.zeros(tokens, y.shape[1], dtype=torch.float32, device=y.device)
+    return acc.index_add_(0, blocks.tok, y)
+
+
+def torch_moe_pairs(x, w13, w2, blocks: PairBlocks) -> torch.Tensor:
+    """The torch backend: one small matmul pair per active block (host loop over blocks). A
+    block's live rows are one contiguous run, as pairs are sorted by slot."""
+    y = torch.zeros(blocks.num_pairs, x.shape[1], dtype=torch.float32, device=x.device)
+    slots = blocks.slot.tolist()  # free on the CPU; a sync on CUDA (Triton is the CUDA path)
+    for start, slot in zip(blocks.block_start.tolist(), blocks.block_slot.tolist(), strict=True):
+        if slot < 0:
+            continue
+        end = start
+        while end < min(start + blocks.block_m, len(slots)) and slots[end] == slot:
+            end += 1
+        gate, up = F.linear(x[blocks.tok[start:end]], w13[slot]).chunk(2, dim=-1)  # [n, I] each
+        h = F.linear(F.silu(gate) * up, w2[slot])  # [n, D]
+        y[start:end] = h * blocks.weight[start:end, None].to(h.dtype)
+    return y
+
+
+def ref_moe_pairs(x, w13, w2, tok, slot, weight) -> torch.Tensor:
+    """Reference: out [T, D] float32 = sum over pairs of weight * FFN_slot(x[tok]), one pair
+    at a time in float32; pairs with slot -1 are skipped."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t, s, w in zip(tok.tolist(), slot.tolist(), weight.float().tolist(), strict=True):
+        if s < 0:
+            continue
+        gate, up = (w13[s].float() @ x[t].float()).chunk(2)
+        out[t] += w * (w2[s].float() @ (F.silu(gate) * up))
+    return out
+
+
+def pick_backend(device: torch.device | str) -> str:
+    """'triton' on CUDA when Triton imports (FT_MOE_KERNEL=torch forces torch), else 'torch'."""
+    choice = settings.moe_kernel()
+    if torch.device(device).type != "cuda" or choice == "torch":
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "triton"
