@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from ft.cli.bench import bench_app
-from ft.cli.options import CacheRateOpt, DeviceOpt, DtypeOpt, GpuMemoryOpt, ModelOpt
+from ft.cli.options import EngineFlags, engine_options
 from ft.errors import FtError
 from ft.report import write_json_atomic
 
@@ -29,19 +29,20 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
         raise FtError(f"{flag} takes comma-separated integers, got {text!r}") from None
 
 
+# The bench picks the strategy, cache-free resident, KV size and batch itself.
+_BENCH_SETS = ("moe_strategy", "moe_cache_size", "moe_cache_auto", "kv_reserve_tokens",
+               "max_num_seqs", "max_model_len")  # fmt: skip
+
+
+@engine_options(exclude=_BENCH_SETS)
 def bench_decode(
-    model: ModelOpt = None,
     strategies: Annotated[
         str | None,
         typer.Option(help="Comma-separated (default: every strategy this engine has)."),
     ] = None,
-    moe_cache_rate: CacheRateOpt = None,
-    gpu_memory_limit: GpuMemoryOpt = None,
     batch: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated.")] = "1",
     tokens: Annotated[int, typer.Option(help="Timed decode steps per strategy and batch.")] = 32,
     warmup: Annotated[int, typer.Option(help="Decode steps dropped before timing.")] = 4,
-    device: DeviceOpt = None,
-    dtype: DtypeOpt = None,
     profile: Annotated[
         Path | None,
         typer.Option(help="Bandwidth profile for the roofline (default: `ft bench bw`'s)."),
@@ -55,6 +56,8 @@ def bench_decode(
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON report here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    *,
+    engine: EngineFlags,
 ) -> None:
     """Decode tok/s per strategy and batch, the roofline of each run, and measured/roofline."""
     from ft.bench.decode import DecodeBenchConfig, available_strategies
@@ -62,10 +65,10 @@ def bench_decode(
 
     names = tuple(s.strip() for s in strategies.split(",")) if strategies else None
     cfg = DecodeBenchConfig(
-        model=str(model) if model else str(builtin_tiny()),
+        model=str(engine.model) if engine.model else str(builtin_tiny()),
         strategies=names or available_strategies(), batches=_ints(batch, "--batch"),
-        tokens=tokens, warmup=warmup, moe_cache_rate=moe_cache_rate,
-        gpu_memory_limit=gpu_memory_limit, device=device, dtype=dtype,
+        tokens=tokens, warmup=warmup, moe_cache_rate=engine.moe_cache_rate,
+        gpu_memory_limit=engine.gpu_memory_limit, device=engine.device, dtype=engine.dtype,
         profile=str(profile) if profile else None, peer=peer,
         trace=str(trace) if trace else None,
     )  # fmt: skip
