@@ -133,3 +133,23 @@ def test_inline_fault_runs_on_the_engine_thread_and_warns_once(synth_tiny, resid
 def test_inline_fault_from_the_environment(monkeypatch):
     monkeypatch.setenv("FT_CPU_MOE_INLINE", "1")
     assert EngineConfig(model="m", device="cpu").cpu_moe_inline  # shown in Resolved config
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_cuda_hybrid_matches_resident_on_the_first_tokens(synth_tiny):
+    """Device kernels vs the CPU pool's: near-ties may differ late, so compare the start."""
+    cuda = dict(device="cuda", dtype="float32", max_num_seqs=4)
+    resident = LLMEngine(EngineConfig(model=str(synth_tiny[0]), **cuda))
+    want = run_all(resident, PROMPTS, GREEDY)
+    resident.close()
+    hybrid = dict(moe_strategy="hybrid", moe_cache_size=4, moe_hybrid_max_fetch=0.3)
+    engine = LLMEngine(EngineConfig(model=str(synth_tiny[0]), **hybrid, **cuda))
+    try:
+        got = run_all(engine, PROMPTS, GREEDY)
+        stats, ran_on = engine.stats, engine.strategy.cpu_threads
+    finally:
+        engine.close()
+    assert {i: ids[:4] for i, ids in got.items()} == {i: ids[:4] for i, ids in want.items()}
+    assert stats.experts_cpu > 0 and stats.experts_fetched > 0
+    assert ran_on and all(name.startswith(THREAD_PREFIX) for name in ran_on)
