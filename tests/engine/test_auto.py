@@ -103,3 +103,15 @@ def test_hybrid_fetch_given_by_flag(synth_tiny, ft_log):
                    moe_hybrid_max_fetch="0.25", bw_profile=str(SEED))  # fmt: skip
     assert engine.strategy.max_fetch == 0.25
     assert lines(ft_log, "--moe-hybrid-max-fetch 0.25: fetching 25.0% of each decode step's")
+
+
+def test_hybrid_fetch_auto_with_a_gpu_less_profile_falls_back(synth_tiny, ft_log, tmp_path):
+    data = json.loads(SEED.read_text())
+    for key in ("pcie_gather_gbs", "pcie_gather_overlap_gbs", "cpu_moe_overlap_gbs"):
+        data["dtype_kernels"]["bf16"][key] = None  # what `ft bench bw` writes without a GPU
+    path = tmp_path / "cpu-only.json"
+    path.write_text(json.dumps(data))
+    engine = start(synth_tiny[0], moe_strategy="hybrid", moe_cache_rate=0.25, bw_profile=str(path))
+    assert engine.strategy.max_fetch == 0.5
+    (line,) = lines(ft_log, "--moe-hybrid-max-fetch auto: no usable bandwidth profile (")
+    assert f"{path} has no overlapped numbers for bf16" in line
