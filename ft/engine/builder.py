@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -44,20 +45,28 @@ class EngineParts:
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
     cfg = ModelConfig.from_dir(config.model)
-    reader = CheckpointReader(config.model)
+    tokenizer = load_tokenizer(config.model, cfg.eos_token_id)  # cheap checks before the load
+    max_len, slots = plan_kv(config, cfg)
+    reader = CheckpointReader(config.model)  # headers only: `auto` sizes resident from them
     budget = memory_budget(config)
     config = resolve_strategy(config, cfg, reader, budget)  # `auto` -> what it chose
     log.info(f"Resolved config: {config.describe()}")
     dtype = DTYPES[config.dtype]
     log.info(f"Free memory before loading model: {budget / GIB:.2f} GiB")
     cap_device_memory(config)
+    start = time.perf_counter()
     weights = load_dense(reader, cfg, config.device, dtype)
     store = load_experts(reader, cfg, dtype)
-    max_len, slots = plan_kv(config, cfg)
+    dense = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values())
+    seconds, experts_gib = time.perf_counter() - start, store.total_bytes / GIB
+    log.info(
+        f"Loaded weights in {seconds:.1f} s: dense {dense / GIB:.2f} GiB on {config.device}, "
+        f"{store.total_experts} experts {experts_gib:.2f} GiB in host memory"
+    )
     kv_bytes = KVCache.bytes_needed(
         cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, dtype
     )
-    used = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values()) + kv_bytes
+    used = dense + kv_bytes
     log.info(f"MoE experts: {config.expert_format} via torch")
     strategy, cache_size = _strategy(config, cfg, store, budget, used)
     try:
@@ -66,7 +75,6 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         )
         rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, config.device)
         model = MoeModel(cfg, weights, strategy, kv, rope)
-        tokenizer = load_tokenizer(config.model, cfg.eos_token_id)
         stops = stop_token_ids(config.model, tokenizer.eos_token_id)
     except BaseException:
         strategy.close()  # hybrid's pool threads and torch's thread count
@@ -100,5 +108,7 @@ def _strategy(config: EngineConfig, cfg: ModelConfig, store, budget: int, used: 
     size, rate = resolve_cache_size(config, store, budget, used)
     if config.moe_cache_size is None and config.moe_cache_rate is None:
         log.info(f"--moe-cache-auto resolved moe_cache_size={size} (rate {rate:.3f})")
+    mib, gib = store.expert_bytes / 2**20, size * store.expert_bytes / GIB
+    log.info(f"MoE expert cache: {size} slots of {mib:.2f} MiB (rate {rate:.3f}), {gib:.2f} GiB")
     fetch = resolve_max_fetch(config) if config.moe_strategy == "hybrid" else None
     return build_strategy(config, store, size, top_k=cfg.top_k, max_fetch=fetch), size

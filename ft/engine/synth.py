@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ft.cpuinfo import allowed_cores
 from ft.engine.attention import Batch, Rope, Span
 from ft.engine.config import ModelConfig
 from ft.engine.experts.dispatch import add_expert, group_by_expert
@@ -107,7 +108,7 @@ def _draw_lm_head(cfg: ModelConfig, h: torch.Tensor, gen) -> torch.Tensor:
 
 
 _CHUNK = 1 << 22  # elements per independently seeded piece: the result never depends on threads
-_POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ft-synth")
+_POOL = ThreadPoolExecutor(max_workers=len(allowed_cores()) or 1, thread_name_prefix="ft-synth")
 
 
 def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:

@@ -47,7 +47,7 @@ def test_cli_prints_measured_stats(tmp_path):
     args = ["model", "synth", "--preset", "tiny", "--out", str(out), "--layers", "2"]
     result = CliRunner().invoke(app, [*args, "--experts", "8", "--json"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["layers"] == 2 and 0.2 < report["top20_share"] <= 1
     assert json.loads((out / "config.json").read_text())["num_experts"] == 8
 
