@@ -35,9 +35,40 @@ class EngineFlags:
     moe_strategy: Annotated[
         str,
         typer.Option(
-            "--moe-strategy", help="resident (all experts on the device) | offload (expert cache)."
+            "--moe-strategy",
+            help="resident (all experts on the device) | offload (expert cache) | hybrid (offload, "
+            "part of the misses on the CPU) | auto (resident if it fits, else the bandwidth "
+            "profile).",
         ),
     ] = "resident"
+    moe_hybrid_max_fetch: Annotated[
+        str,
+        typer.Option(
+            "--moe-hybrid-max-fetch",
+            help="hybrid: fraction F in [0, 1] of each step's misses fetched over PCIe (the rest "
+            "on the CPU), or auto (from the bandwidth profile).",
+        ),
+    ] = "auto"
+    cpu_moe_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--cpu-moe-threads", help="CPU MoE pool threads (default: physical cores - 1)."
+        ),
+    ] = None
+    cpu_moe_inline: Annotated[
+        bool,
+        typer.Option(
+            "--cpu-moe-inline",
+            help="Fault injection: run the CPU expert work on the engine thread, not the pool "
+            "(also FT_CPU_MOE_INLINE=1).",
+        ),
+    ] = False
+    bw_profile: Annotated[
+        Path | None,
+        typer.Option(
+            "--bw-profile", help="Bandwidth profile (default: $FT_CACHE_DIR/benchbw.json)."
+        ),
+    ] = None
     moe_cache_size: Annotated[
         int | None,
         typer.Option("--moe-cache-size", help="Expert cache slots (all layers together)."),

@@ -54,8 +54,8 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig, expert_store=None):
         """`expert_store`: reuse a HostExpertStore loaded before (ft bench decode); None loads."""
-        self.config = config
         parts = build_engine_parts(config, expert_store)
+        self.config = parts.config  # as resolved: `auto` shows the strategy it chose
         self.model_config, self.model, self.strategy = (
             parts.model_config,
             parts.model,
