@@ -52,6 +52,8 @@ class DecodeBenchConfig:
     profile: str | None = None  # bandwidth profile path; None: the default one if present
     peer: str | None = None  # "accelerate": add the transformers + accelerate baseline
     trace: str | None = None  # folder: profile a few extra decode steps per run (decode_trace)
+    max_fetch: str = "auto"  # hybrid's --moe-hybrid-max-fetch
+    cpu_moe_threads: int | None = None  # hybrid's pool size
 
     def __post_init__(self) -> None:
         known = available_strategies()
@@ -151,6 +153,8 @@ def _engine(cfg, base, strategy: str, store):
         moe_cache_rate=None if strategy == "resident" else cfg.moe_cache_rate,
         gpu_memory_limit=cfg.gpu_memory_limit, max_num_seqs=max(cfg.batches),
         max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
+        moe_hybrid_max_fetch=cfg.max_fetch, cpu_moe_threads=cfg.cpu_moe_threads,
+        bw_profile=cfg.profile,
     )  # fmt: skip
     return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared
 

@@ -31,7 +31,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 # The bench picks the strategy, cache-free resident, KV size and batch itself.
 _BENCH_SETS = ("moe_strategy", "moe_cache_size", "moe_cache_auto", "kv_reserve_tokens",
-               "max_num_seqs", "max_model_len")  # fmt: skip
+               "max_num_seqs", "max_model_len", "cpu_moe_inline", "bw_profile")  # fmt: skip
 
 
 @engine_options(exclude=_BENCH_SETS)
@@ -69,6 +69,7 @@ def bench_decode(
         strategies=names or available_strategies(), batches=_ints(batch, "--batch"),
         tokens=tokens, warmup=warmup, moe_cache_rate=engine.moe_cache_rate,
         gpu_memory_limit=engine.gpu_memory_limit, device=engine.device, dtype=engine.dtype,
+        max_fetch=engine.moe_hybrid_max_fetch, cpu_moe_threads=engine.cpu_moe_threads,
         profile=str(profile) if profile else None, peer=peer,
         trace=str(trace) if trace else None,
     )  # fmt: skip

@@ -9,6 +9,7 @@ import torch
 
 from ft.engine.attention import KVCache, Rope
 from ft.engine.config import EngineConfig, ModelConfig
+from ft.engine.experts.grouped import pick_backend
 from ft.engine.experts.store import HostExpertStore
 from ft.engine.loader import CheckpointReader, load_dense, load_experts
 from ft.engine.memory import (
@@ -73,8 +74,8 @@ def build_engine_parts(
         cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, dtype
     )
     used = dense + kv_bytes
+    log.info(f"MoE experts: {config.expert_format} via {pick_backend(config.device)}")
     strategy, cache_size = _strategy(config, cfg, store, budget, used)
-    log.info(f"MoE experts: {config.expert_format} via {strategy.kernel}")
     try:
         kv = KVCache(
             cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, config.device
