@@ -24,10 +24,27 @@ class BisectConfig:
 
 
 def worker_gpus(jobs: int, engine: bool) -> list[str] | None:
-    """One GPU per worker via CUDA_VISIBLE_DEVICES: the user's own list if set, else 0..jobs-1."""
+    """GPUs handed to workers (round-robin) via CUDA_VISIBLE_DEVICES: the user's own list if set,
+    else the GPUs NVML counts (workers share them when there are fewer than --jobs), else
+    0..jobs-1."""
     if jobs == 1 and not engine:
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         return [d.strip() for d in visible.split(",") if d.strip()]
-    return [str(i) for i in range(jobs)]
+    count = _nvml_gpu_count()
+    return [str(i) for i in range(min(jobs, count) if count else jobs)]
+
+
+def _nvml_gpu_count() -> int:
+    """GPUs on this machine by NVML; 0 when there is no NVIDIA driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: nothing to count
+        return 0

@@ -85,3 +85,16 @@ def test_cuts_split_the_range_evenly():
 def test_bad_settings_are_user_errors():
     with pytest.raises(FtError, match="--max-repeats"):
         BisectConfig(repeats=8, max_repeats=4)
+
+
+def test_workers_share_the_gpus_there_are(monkeypatch):
+    from ft.bisect import config
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(config, "_nvml_gpu_count", lambda: 1)
+    assert config.worker_gpus(3, engine=True) == ["0"]  # one GPU: every worker on it
+    monkeypatch.setattr(config, "_nvml_gpu_count", lambda: 0)
+    assert config.worker_gpus(2, engine=True) == ["0", "1"]  # no NVML: one per worker
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert config.worker_gpus(4, engine=True) == ["2", "3"]
+    assert config.worker_gpus(1, engine=False) is None
