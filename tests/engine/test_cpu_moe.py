@@ -51,16 +51,6 @@ def make_jobs(tokens: int, dtype=torch.float32, seed: int = 0) -> tuple[torch.Te
     return x, jobs
 
 
-@pytest.fixture
-def ft_log(caplog):
-    """The ft logger does not propagate: attach caplog's handler to it directly."""
-    logger = logging.getLogger("ft")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="ft")
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("tokens", [1, 3, 17])
 @pytest.mark.parametrize("min_slice", [1, 8, 64])
