@@ -9,13 +9,17 @@ from typing import Annotated
 import typer
 
 from ft.cli.options import (
+    BwProfileOpt,
     CacheAutoOpt,
     CacheRateOpt,
     CacheSizeOpt,
+    CpuMoeInlineOpt,
+    CpuMoeThreadsOpt,
     DeviceOpt,
     DtypeOpt,
     GpuMemoryOpt,
     KvReserveOpt,
+    MaxFetchOpt,
     MaxModelLenOpt,
     ModelOpt,
     StrategyOpt,
@@ -48,6 +52,10 @@ def generate(
     kv_reserve_tokens: KvReserveOpt = None,
     gpu_memory_limit: GpuMemoryOpt = None,
     max_model_len: MaxModelLenOpt = None,
+    moe_hybrid_max_fetch: MaxFetchOpt = "auto",
+    cpu_moe_threads: CpuMoeThreadsOpt = None,
+    cpu_moe_inline: CpuMoeInlineOpt = False,
+    bw_profile: BwProfileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate from one prompt with the reference engine (greedy unless --temperature)."""
@@ -61,6 +69,8 @@ def generate(
         moe_cache_size=moe_cache_size, moe_cache_rate=moe_cache_rate,
         moe_cache_auto=moe_cache_auto, kv_reserve_tokens=kv_reserve_tokens,
         gpu_memory_limit=gpu_memory_limit, max_num_seqs=1, max_model_len=max_model_len,
+        moe_hybrid_max_fetch=moe_hybrid_max_fetch, cpu_moe_threads=cpu_moe_threads,
+        cpu_moe_inline=cpu_moe_inline, bw_profile=bw_profile,
     )  # fmt: skip
     engine = LLMEngine(config)
     try:
@@ -88,7 +98,7 @@ def run_one(engine, prompt_ids: list[int], params) -> dict:
     stats = engine.stats
     decode = {
         f"decode_{k}": getattr(stats, k) - getattr(after_prefill, k)
-        for k in ("cache_hits", "cache_misses", "bytes_fetched")
+        for k in ("cache_hits", "cache_misses", "bytes_fetched", "experts_fetched", "experts_cpu")
     }  # the steady state, without the prompt's cold misses
     return {
         "model": engine.model_name, "prompt_tokens": len(prompt_ids), "token_ids": tokens,
@@ -96,7 +106,8 @@ def run_one(engine, prompt_ids: list[int], params) -> dict:
         "prefill_tok_s": stats.prefill_tok_s, "decode_tok_s": stats.decode_tok_s, "ttft_s": ttft,
         "cache_hits": stats.cache_hits, "cache_misses": stats.cache_misses,
         "experts_fetched": stats.experts_fetched, "bytes_fetched": stats.bytes_fetched,
-        "expert_uses": stats.expert_uses, "moe_strategy": engine.config.moe_strategy,
+        "expert_uses": stats.expert_uses, "experts_cpu": stats.experts_cpu,
+        "experts_cpu_inline": stats.experts_cpu_inline, "moe_strategy": engine.config.moe_strategy,
         "device": engine.config.device, "dtype": engine.config.dtype,
         "moe_cache_size": engine.moe_cache_size, "decode_tokens": stats.decode_tokens, **decode,
     }  # fmt: skip

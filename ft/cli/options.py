@@ -24,8 +24,34 @@ DtypeOpt = Annotated[
 StrategyOpt = Annotated[
     str,
     typer.Option(
-        "--moe-strategy", help="resident (all experts on the device) | offload (expert cache)."
+        "--moe-strategy",
+        help="resident (all experts on the device) | offload (expert cache) | hybrid (offload, "
+        "part of the misses on the CPU) | auto (resident if it fits, else the bandwidth profile).",
     ),
+]
+MaxFetchOpt = Annotated[
+    str,
+    typer.Option(
+        "--moe-hybrid-max-fetch",
+        help="hybrid: fraction F in [0, 1] of each step's misses fetched over PCIe (the rest on "
+        "the CPU), or auto (from the bandwidth profile).",
+    ),
+]
+CpuMoeThreadsOpt = Annotated[
+    int | None,
+    typer.Option("--cpu-moe-threads", help="CPU MoE pool threads (default: physical cores - 1)."),
+]
+CpuMoeInlineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--cpu-moe-inline",
+        help="Fault injection: run the CPU expert work on the engine thread, not the pool "
+        "(also FT_CPU_MOE_INLINE=1).",
+    ),
+]
+BwProfileOpt = Annotated[
+    Path | None,
+    typer.Option("--bw-profile", help="Bandwidth profile (default: $FT_CACHE_DIR/benchbw.json)."),
 ]
 CacheSizeOpt = Annotated[
     int | None, typer.Option("--moe-cache-size", help="Expert cache slots (all layers together).")
@@ -66,6 +92,10 @@ def engine_config_from_options(
     gpu_memory_limit: float | None = None,
     max_num_seqs: int = 8,
     max_model_len: int | None = None,
+    moe_hybrid_max_fetch: str = "auto",
+    cpu_moe_threads: int | None = None,
+    cpu_moe_inline: bool = False,
+    bw_profile: Path | None = None,
 ):
     """The EngineConfig for these flags; no --model means the built-in tiny model."""
     from ft.engine.config import EngineConfig
@@ -77,4 +107,6 @@ def engine_config_from_options(
         moe_cache_size=moe_cache_size, moe_cache_rate=moe_cache_rate,
         moe_cache_auto=moe_cache_auto, kv_reserve_tokens=kv_reserve_tokens,
         gpu_memory_limit=gpu_memory_limit, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        moe_hybrid_max_fetch=moe_hybrid_max_fetch, cpu_moe_threads=cpu_moe_threads,
+        cpu_moe_inline=cpu_moe_inline, bw_profile=str(bw_profile) if bw_profile else None,
     )  # fmt: skip

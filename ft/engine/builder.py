@@ -19,6 +19,7 @@ from ft.engine.memory import (
     tensor_bytes,
 )
 from ft.engine.model import MoeModel
+from ft.engine.resolve import resolve_max_fetch, resolve_strategy
 from ft.engine.strategies import MoeStrategy, build_strategy
 from ft.engine.tokenizer import load_tokenizer, stop_token_ids
 from ft.errors import FtError
@@ -31,6 +32,7 @@ DEFAULT_MAX_MODEL_LEN = 4096
 
 @dataclass
 class EngineParts:
+    config: EngineConfig  # as resolved (`auto` replaced by the strategy it chose)
     model_config: ModelConfig
     model: MoeModel
     strategy: MoeStrategy
@@ -42,16 +44,17 @@ class EngineParts:
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
-    log.info(f"Resolved config: {config.describe()}")
     cfg = ModelConfig.from_dir(config.model)
     tokenizer = load_tokenizer(config.model, cfg.eos_token_id)  # cheap checks before the load
     max_len, slots = plan_kv(config, cfg)
-    dtype = DTYPES[config.dtype]
+    reader = CheckpointReader(config.model)
     budget = memory_budget(config)
+    config = resolve_strategy(config, cfg, reader, budget)  # `auto` -> what it chose
+    log.info(f"Resolved config: {config.describe()}")
+    dtype = DTYPES[config.dtype]
     log.info(f"Free memory before loading model: {budget / GIB:.2f} GiB")
     cap_device_memory(config)
     start = time.perf_counter()
-    reader = CheckpointReader(config.model)
     weights = load_dense(reader, cfg, config.device, dtype)
     store = load_experts(reader, cfg, dtype)
     dense = tensor_bytes({t.data_ptr(): t for t in weights.values()}.values())
@@ -64,15 +67,19 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, dtype
     )
     used = dense + kv_bytes
-    strategy, cache_size = _strategy(config, store, budget, used)
     log.info(f"MoE experts: {config.expert_format} via torch")
-    kv = KVCache(
-        cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, config.device
-    )
-    rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, config.device)
-    model = MoeModel(cfg, weights, strategy, kv, rope)
-    stops = stop_token_ids(config.model, tokenizer.eos_token_id)
-    return EngineParts(cfg, model, strategy, tokenizer, max_len, slots, cache_size, stops)
+    strategy, cache_size = _strategy(config, cfg, store, budget, used)
+    try:
+        kv = KVCache(
+            cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, config.device
+        )
+        rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, config.device)
+        model = MoeModel(cfg, weights, strategy, kv, rope)
+        stops = stop_token_ids(config.model, tokenizer.eos_token_id)
+    except BaseException:
+        strategy.close()  # hybrid's pool threads and torch's thread count
+        raise
+    return EngineParts(config, cfg, model, strategy, tokenizer, max_len, slots, cache_size, stops)
 
 
 def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
@@ -93,7 +100,7 @@ def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
     return max_len, config.kv_reserve_tokens // max_len  # reserve what was asked for
 
 
-def _strategy(config: EngineConfig, store, budget: int, used: int):
+def _strategy(config: EngineConfig, cfg: ModelConfig, store, budget: int, used: int):
     """-> (strategy, expert cache slots or None)."""
     if config.moe_strategy == "resident":
         check_resident_fits(config, store, budget, used)
@@ -103,4 +110,5 @@ def _strategy(config: EngineConfig, store, budget: int, used: int):
         log.info(f"--moe-cache-auto resolved moe_cache_size={size} (rate {rate:.3f})")
     mib, gib = store.expert_bytes / 2**20, size * store.expert_bytes / GIB
     log.info(f"MoE expert cache: {size} slots of {mib:.2f} MiB (rate {rate:.3f}), {gib:.2f} GiB")
-    return build_strategy(config, store, cache_size=size), size
+    fetch = resolve_max_fetch(config) if config.moe_strategy == "hybrid" else None
+    return build_strategy(config, store, size, top_k=cfg.top_k, max_fetch=fetch), size

@@ -7,11 +7,11 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ft import settings
 from ft.errors import FtError
 
 ARCHITECTURES = {"Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral"}
-STRATEGIES = ("resident", "offload")  # what this build runs
-PLANNED_STRATEGIES = ("hybrid", "auto")  # named by DESIGN.md, not in this build yet
+STRATEGIES = ("resident", "offload", "hybrid", "auto")  # auto resolves to one of the others
 DTYPES = ("bfloat16", "float16", "float32")
 EXPERT_FORMATS = ("bf16",)  # float experts in the checkpoint's dtype, computed with torch
 
@@ -163,6 +163,10 @@ class EngineConfig:
     max_num_seqs: int = 8
     max_model_len: int | None = None  # None: min(model's max positions, 4096)
     memory_margin_gib: float = 1.0  # kept free by --moe-cache-auto
+    moe_hybrid_max_fetch: float | str = "auto"  # hybrid: fraction of misses fetched, or "auto"
+    cpu_moe_threads: int | None = None  # None: physical cores - 1
+    cpu_moe_inline: bool = False  # fault injection: CPU expert work on the engine thread
+    bw_profile: str | None = None  # None: $FT_CACHE_DIR/benchbw.json
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", _resolve_device(self.device))
@@ -170,7 +174,8 @@ class EngineConfig:
         object.__setattr__(self, "dtype", self.dtype or default_dtype)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("expert_format", self.expert_format, EXPERT_FORMATS)
-        _check_strategy(self.moe_strategy)
+        check_choice("moe_strategy", self.moe_strategy, STRATEGIES)
+        self._check_hybrid_flags()
         self._check_numbers()
         self._check_cache_flags()
         self._check_cache_fits_model()
@@ -188,6 +193,13 @@ class EngineConfig:
             raise FtError(f"gpu_memory_limit must be positive GiB, got {self.gpu_memory_limit}")
         if self.memory_margin_gib < 0:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
+
+    def _check_hybrid_flags(self) -> None:
+        object.__setattr__(self, "moe_hybrid_max_fetch", parse_max_fetch(self.moe_hybrid_max_fetch))
+        inline = self.cpu_moe_inline or settings.cpu_moe_force_inline()  # shown when set by env
+        object.__setattr__(self, "cpu_moe_inline", inline)
+        if self.cpu_moe_threads is not None and self.cpu_moe_threads < 1:
+            raise FtError(f"cpu_moe_threads must be at least 1, got {self.cpu_moe_threads}")
 
     def _check_cache_flags(self) -> None:
         given = [self.moe_cache_size is not None, self.moe_cache_rate is not None]
@@ -233,9 +245,16 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise FtError(f"unknown {name} {value!r} (choose from {', '.join(allowed)})")
 
 
-def _check_strategy(name: str) -> None:
-    if name in PLANNED_STRATEGIES:
+def parse_max_fetch(value: float | str) -> float | str:
+    """--moe-hybrid-max-fetch: "auto" or a fraction F in [0, 1]."""
+    if value == "auto":
+        return value
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
         raise FtError(
-            f"moe_strategy {name!r} is not available in this build (use resident or offload)"
-        )
-    check_choice("moe_strategy", name, STRATEGIES)
+            f"moe_hybrid_max_fetch must be 'auto' or a number in [0, 1], got {value!r}"
+        ) from None
+    if not 0 <= fraction <= 1:
+        raise FtError(f"moe_hybrid_max_fetch must be in [0, 1], got {fraction}")
+    return fraction

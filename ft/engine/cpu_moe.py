@@ -205,7 +205,8 @@ class CpuMoeExecutor:
 
     def _run_inline(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
         handle = CpuMoeHandle(x, 0, 1)
-        reason = "forced (FT_CPU_MOE_INLINE)" if self.force_inline else "the pool is closed"
+        forced = "forced (--cpu-moe-inline / FT_CPU_MOE_INLINE)"
+        reason = forced if self.force_inline else "the pool is closed"
         for job in jobs:
             (whole,) = make_slices(job, x, self.compute, [(0, job.w2.shape[1])])
             run_slice(whole, handle.partial(0), scratch={})

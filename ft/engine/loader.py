@@ -60,6 +60,12 @@ class CheckpointReader:
     def has(self, name: str) -> bool:
         return name in self._where
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape from the shard's header, without reading its data."""
+        if name not in self._where:
+            raise FtError(f"checkpoint lacks tensor {name}")
+        return tuple(self._where[name].get_slice(name).get_shape())
+
     def get(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise FtError(f"checkpoint lacks tensor {name}")

@@ -48,8 +48,8 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        self.config = config
         parts = build_engine_parts(config)
+        self.config = parts.config  # as resolved: `auto` shows the strategy it chose
         self.model_config, self.model, self.strategy = (
             parts.model_config,
             parts.model,

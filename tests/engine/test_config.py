@@ -12,8 +12,9 @@ from ft.errors import FtError
     "kwargs, message",
     [
         (dict(moe_strategy="bogus"), "unknown moe_strategy"),
-        (dict(moe_strategy="hybrid"), "not available in this build"),
-        (dict(moe_strategy="auto"), "not available in this build"),
+        (dict(moe_strategy="hybrid", moe_hybrid_max_fetch=1.5), "in \\[0, 1\\]"),
+        (dict(moe_strategy="hybrid", moe_hybrid_max_fetch="most"), "'auto' or a number"),
+        (dict(moe_strategy="hybrid", cpu_moe_threads=0), "cpu_moe_threads"),
         (dict(dtype="int3"), "unknown dtype"),
         (dict(device="tpu"), "unknown device"),
         (dict(moe_strategy="offload", moe_cache_size=0), "at least 1"),

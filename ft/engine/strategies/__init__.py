@@ -1,7 +1,6 @@
 """MoE strategies, chosen in ONE place: `build_strategy`.
 
-The seam for later strategies (hybrid, auto; issue 3): add the module, add its name to
-`ft.engine.config.STRATEGIES`, and add one branch here.
+`auto` never gets here: ft.engine.resolve turns it into one of the others at startup.
 """
 
 from __future__ import annotations
@@ -13,9 +12,14 @@ from ft.errors import FtError
 
 
 def build_strategy(
-    config: EngineConfig, store: HostExpertStore, cache_size: int | None = None
+    config: EngineConfig,
+    store: HostExpertStore,
+    cache_size: int | None = None,
+    top_k: int = 0,
+    max_fetch: float | None = None,
 ) -> MoeStrategy:
-    """The strategy object for this engine; `cache_size` is the resolved number of slots."""
+    """The strategy object for this engine; `cache_size` is the resolved number of slots,
+    `max_fetch` hybrid's resolved fraction of misses fetched (`top_k` is for its log line)."""
     if config.moe_strategy == "resident":
         from ft.engine.strategies.resident import ResidentStrategy
 
@@ -26,4 +30,10 @@ def build_strategy(
         if cache_size is None:
             raise FtError("offload needs a cache size (resolve it with ft.engine.memory)")
         return OffloadStrategy(store, config.device, cache_size)
+    if config.moe_strategy == "hybrid":
+        from ft.engine.strategies.hybrid import build_hybrid
+
+        if cache_size is None or max_fetch is None:
+            raise FtError("hybrid needs a cache size and a fetch fraction (ft.engine.resolve)")
+        return build_hybrid(config, store, cache_size, top_k, max_fetch)
     raise FtError(f"moe_strategy {config.moe_strategy!r} is not available in this build")

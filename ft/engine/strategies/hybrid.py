@@ -1,0 +1,137 @@
+"""`hybrid`: as offload, but of each layer's cache misses only a fraction is fetched into device
+slots; the rest is computed on the CPU by the pinned CPU MoE executor, from the host store,
+overlapped with the device's work.
+
+Per MoE layer: group by expert (one host sync) -> split into hits | fetch | cpu -> submit the
+CPU jobs first (the pool starts at once) -> the device computes the hits and the fetched experts
+(copies on their own stream, as offload) -> out += the CPU's result.
+Legend: T = tokens, D = hidden, K = experts per token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ft.engine.cpu_moe import (
+    CpuMoeExecutor,
+    CpuMoeHandle,
+    expert_jobs,
+    log_ready,
+    lower_torch_threads,
+)
+from ft.engine.experts.dispatch import ExpertGroup, group_by_expert
+from ft.engine.strategies.offload import OffloadStrategy
+
+# The CPU wins only at a few tokens per expert (decode); an expert with more tokens than this is
+# always fetched, whatever the fraction (the seed's executor line says max_tokens=4).
+CPU_MAX_TOKENS = 4
+
+
+def split_misses(
+    misses: Sequence[int],
+    token_counts: Sequence[int],
+    max_fetch: float,
+    prefill_threshold: int = CPU_MAX_TOKENS,
+) -> tuple[list[int], list[int]]:
+    """(fetch, cpu): which missed experts go to device cache slots, which to the CPU pool.
+
+    round(max_fetch x misses) experts are fetched (half up), those with the most tokens first
+    (ties: in the given order). Experts with more than `prefill_threshold` tokens are always
+    fetched and count toward that number. Both lists keep the given order.
+    """
+    if len(misses) != len(token_counts):
+        raise ValueError("split_misses: one token count per missed expert")
+    want = math.floor(max_fetch * len(misses) + 0.5)
+    by_tokens = sorted(range(len(misses)), key=lambda i: -token_counts[i])  # stable
+    forced = [i for i in by_tokens if token_counts[i] > prefill_threshold]
+    rest = [i for i in by_tokens if token_counts[i] <= prefill_threshold]
+    chosen = set(forced + rest[: max(0, want - len(forced))])
+    fetch = [e for i, e in enumerate(misses) if i in chosen]
+    cpu = [e for i, e in enumerate(misses) if i not in chosen]
+    return fetch, cpu
+
+
+class HybridStrategy(OffloadStrategy):
+    name = "hybrid"
+
+    def __init__(
+        self,
+        store,
+        device,
+        num_slots: int,
+        pool: CpuMoeExecutor,
+        max_fetch: float,
+        cpu_max_tokens: int = CPU_MAX_TOKENS,
+        torch_threads_before: int | None = None,  # restored on close()
+    ):
+        super().__init__(store, device, num_slots)
+        self.pool = pool
+        self.max_fetch = max_fetch
+        self.cpu_max_tokens = cpu_max_tokens
+        self.experts_cpu_total = 0  # misses handed to the CPU (in the pool or inline)
+        self.cpu_threads: set[str] = set()  # names of the threads that ran the CPU's experts
+        self._torch_threads_before = torch_threads_before
+
+    def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        groups = group_by_expert(topk_ids, topk_weights, self.store.num_experts)
+        self.expert_uses += len(groups)
+        on_device, on_cpu = self._split(layer, groups)
+        handle = self._submit_cpu(layer, x, topk_ids, topk_weights, on_cpu)  # before device work
+        out = torch.zeros_like(x)  # [T, D]
+        self.run_groups(layer, x, on_device, out)  # hits and fetches, exactly as offload
+        if handle is not None:
+            out += handle.wait().to(out.device, out.dtype)
+            self.cpu_threads |= handle.ran_on
+        return out
+
+    def _split(self, layer: int, groups: list[ExpertGroup]) -> tuple[list[ExpertGroup], list[int]]:
+        """-> (groups for the device: hits + fetched misses, experts for the CPU)."""
+        hits = [g for g in groups if self.cache.slot_of(layer, g.expert) is not None]
+        misses = [g for g in groups if self.cache.slot_of(layer, g.expert) is None]
+        counts = [g.rows.numel() for g in misses]
+        fetch, cpu = split_misses(
+            [g.expert for g in misses], counts, self.max_fetch, self.cpu_max_tokens
+        )
+        fetched = set(fetch)
+        return hits + [g for g in misses if g.expert in fetched], cpu
+
+    def _submit_cpu(self, layer, x, topk_ids, topk_weights, experts) -> CpuMoeHandle | None:
+        if not experts:
+            return None
+        x_host = x.to("cpu")  # [T, D]: the layer's one copy of activations to the host
+        ids, weights = topk_ids.to("cpu"), topk_weights.to("cpu")  # [T, K] routing
+        jobs = expert_jobs(self.store.w13[layer], self.store.w2[layer], ids, weights, experts)
+        self.experts_cpu_total += len(jobs)
+        return self.pool.submit(x_host, jobs)
+
+    def counters(self) -> dict[str, int]:
+        c, pool = self.cache, self.pool.stats
+        return dict(
+            cache_hits=c.hits, cache_misses=c.misses + self.experts_cpu_total,
+            experts_fetched=c.misses, bytes_fetched=c.bytes_fetched,
+            experts_cpu=pool.experts_in_pool, experts_cpu_inline=pool.experts_inline,
+            expert_uses=self.expert_uses,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.pool.close()
+        if self._torch_threads_before is not None:  # give torch its cores back
+            torch.set_num_threads(self._torch_threads_before)
+            self._torch_threads_before = None
+
+
+def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float) -> HybridStrategy:
+    """Start the pinned pool, lower torch's threads, log both lines (DESIGN.md section 2)."""
+    pool = CpuMoeExecutor(threads=config.cpu_moe_threads, force_inline=config.cpu_moe_inline)
+    before, _ = lower_torch_threads(pool.threads)
+    log_ready(
+        pool, fmt=config.expert_format, hidden=store.hidden_size,
+        intermediate=store.intermediate_size, experts=store.num_experts,
+        layers=len(store.moe_layers), top_k=top_k,
+    )  # fmt: skip
+    return HybridStrategy(
+        store, config.device, cache_size, pool, max_fetch, torch_threads_before=before
+    )
