@@ -75,6 +75,7 @@ def _register() -> None:
         bench_bw,
         bench_serve,
         bisect,
+        demo,
         diagnose,
         env,
         generate,
@@ -93,6 +94,7 @@ def _register() -> None:
     bench_bw.register(app)
     bench_serve.register(app)
     profile.register(app)
+    demo.register(app)
 
 
 _register()
