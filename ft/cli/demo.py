@@ -37,7 +37,7 @@ def demo(
     ] = 2,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Tokens per request.", rich_help_panel=_SMALL)
-    ] = 24,
+    ] = 16,
     repeats: Annotated[
         int, typer.Option("--repeats", help="Bisect: samples per commit.", rich_help_panel=_SMALL)
     ] = 3,
@@ -46,7 +46,7 @@ def demo(
         typer.Option(
             "--diagnose-prompts", help="Diagnose: requests per strategy.", rich_help_panel=_SMALL
         ),
-    ] = 4,  # fmt: skip
+    ] = 6,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the outcome as JSON (progress goes to stderr).")
     ] = False,

@@ -18,9 +18,9 @@ class DemoConfig:
     out: Path
     device: str
     prompts: int = 2  # bisect: requests per sample
-    max_tokens: int = 24  # tokens per request (bisect and diagnose)
+    max_tokens: int = 16  # tokens per request (bisect and diagnose)
     repeats: int = 3  # bisect: samples per commit to start with (endpoints: twice)
-    diagnose_prompts: int = 4  # requests per diagnose run (the probes need a few seconds)
+    diagnose_prompts: int = 6  # requests per diagnose run (the probes need a few seconds)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

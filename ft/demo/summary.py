@@ -56,7 +56,8 @@ def summary_markdown(
         f"### hybrid decode collapse, diagnosed and bisected with `ft demo` (ft {__version__})",
         "",
         f"**Symptom.** On the same tree, `--moe-strategy hybrid` decodes at {_tok(hybrid)}, "
-        f"`offload` at {_tok(offload)}{_ratio(hybrid, offload)}. Model: synthetic Qwen3-MoE "
+        f"`offload` at {_tok(offload)}{_ratio(hybrid, offload)}; {GOOD_TAG} served hybrid at "
+        f"{_tok(rep['endpoints'].get('before'))} on this box. Model: synthetic Qwen3-MoE "
         f"(`demo` preset, {MODEL_DTYPE}), expert cache {CACHE_RATE:.0%} of the experts, "
         f"device {config.device}.",
         "",
