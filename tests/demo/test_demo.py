@@ -26,17 +26,18 @@ def _planted_in(repo: Path) -> git.Commit:
     return found[0]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_demo_diagnoses_the_inline_frames_and_bisects_to_the_planted_commit(tmp_path):
+def _run_demo(tmp_path: Path, device: str) -> tuple[Path, dict]:
     out = tmp_path / "demo"
     cache = tmp_path / "cache"  # no profile yet: the demo's becomes the default one
-    res = run_ft("demo", "--out", str(out), "--device", "cpu", *SMALL, "--json",
+    res = run_ft("demo", "--out", str(out), "--device", device, *SMALL, "--json",
                  env=ft_env(FT_CACHE_DIR=str(cache)), timeout=290)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     outcome = json.loads(res.stdout)
     assert outcome["profile_is_default"] and (cache / "benchbw.json").is_file()
+    return out, outcome
 
+
+def _check_the_story(out: Path, outcome: dict) -> None:
     hybrid = json.loads((out / "diagnose" / "hybrid" / "report.json").read_text())
     hot = next(f for f in hybrid["findings"] if f["id"] == "hot-thread-gpu-idle")
     thread = next(t for t in hybrid["threads"] if t["tid"] == hot["evidence"]["tid"])
@@ -60,6 +61,18 @@ def test_demo_diagnoses_the_inline_frames_and_bisects_to_the_planted_commit(tmp_
         p.info["cmdline"] or [])]  # fmt: skip
     assert leftovers == []  # no server outlives the demo
     assert git.Repo(out / "scratch").git.worktree("list").count("\n") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_demo_diagnoses_the_inline_frames_and_bisects_to_the_planted_commit(tmp_path):
+    _check_the_story(*_run_demo(tmp_path, "cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_demo_on_cuda_tells_the_same_story(tmp_path):
+    _check_the_story(*_run_demo(tmp_path, "cuda"))
 
 
 def test_the_scratch_history_plants_one_inline_regression_after_the_tag(tmp_path):
