@@ -47,7 +47,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     cfg = ModelConfig.from_dir(config.model)
     tokenizer = load_tokenizer(config.model, cfg.eos_token_id)  # cheap checks before the load
     max_len, slots = plan_kv(config, cfg)
-    reader = CheckpointReader(config.model)
+    reader = CheckpointReader(config.model)  # headers only: `auto` sizes resident from them
     budget = memory_budget(config)
     config = resolve_strategy(config, cfg, reader, budget)  # `auto` -> what it chose
     log.info(f"Resolved config: {config.describe()}")

@@ -17,7 +17,7 @@ def generate(model_dir, *flags: str, env=None):
                   "--max-tokens", "6", "--ignore-eos", "--json", "--cpu-moe-threads", "1",
                   *flags, timeout=120, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout), proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr  # the --json line
 
 
 @pytest.mark.timeout(180)
