@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,6 +59,7 @@ def demo(
     --vs offload` and `ft bisect` on it, and prints where the reports are. Nothing of yours is
     touched but the bandwidth profile, written only where you have none.
     """
+    from ft.bisect.measure import Interrupted
     from ft.demo.config import DemoConfig
     from ft.demo.run import run_demo
 
@@ -65,7 +67,12 @@ def demo(
     config = DemoConfig(out, device or _default_device(), prompts, max_tokens, repeats,
                         diagnose_prompts)  # fmt: skip
     ui = RichUI(Console(stderr=json_out, highlight=False))
-    result = run_demo(config, ui)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
+    try:
+        result = run_demo(config, ui)
+    except (KeyboardInterrupt, Interrupted):
+        typer.echo(f"error: interrupted; what was done so far is under {out}", err=True)
+        raise typer.Exit(130) from None
     if json_out:
         typer.echo(json.dumps(_as_json(result), indent=2))
     else:
@@ -73,6 +80,10 @@ def demo(
     if not result.outcome.shown:
         raise FtError(f"the demo did not show what it should: {_missing(result.outcome)} "
                       f"(reports under {out})")  # fmt: skip
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _default_device() -> str:

@@ -39,7 +39,12 @@ def demo_model(say: Say) -> Path:
         say(f"reusing the demo model {path}")
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    stats = synth_checkpoint(MODEL_PRESET, path, dtype=MODEL_DTYPE, seed=0)
+    try:
+        stats = synth_checkpoint(MODEL_PRESET, path, dtype=MODEL_DTYPE, seed=0)
+    except (OSError, FtError):
+        if not (path / "config.json").is_file():  # not a concurrent demo that won the race
+            raise
+        return path
     say(f"made the demo model {path}: {stats.describe()}")
     return path
 

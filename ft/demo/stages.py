@@ -77,6 +77,8 @@ def run_diagnose(config: DemoConfig, history: ScratchHistory, model: Path, say: 
         target = SourceServer(history.repo, strategy, config.engine_flags(model), log, spec)
         dc = DiagnoseConfig(out / strategy, duration=600.0, stack_source="agent")
         outcome, runs[strategy] = diagnose(target, dc)
+        if outcome.signal_num is not None:  # Ctrl-C / SIGTERM: the report is written, stop here
+            raise KeyboardInterrupt
         tok_s = (runs[strategy].get("throughput") or {}).get("e2e_decode_tok_s")
         speed = f"{tok_s:.1f} tok/s" if tok_s is not None else "no decode figure"
         say(f"diagnose: {strategy} stopped by {outcome.stopped_by}: {speed}")
