@@ -21,8 +21,8 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class ProfileChoice:
-    path: Path  # the profile the demo's servers read
-    wrote_default: bool  # True: there was none, the demo's measurement became the user's
+    path: Path  # OUT/benchbw.json, the profile the demo's servers read
+    wrote_default: bool  # True: there was none, the demo's measurement became the user's too
     default: Path  # the user's profile path
 
 
@@ -50,18 +50,20 @@ def demo_model(say: Say) -> Path:
 
 
 def measure_profile(config: DemoConfig, say: Say) -> ProfileChoice:
-    """`ft bench bw --quick`; it becomes the user's profile only where there is none."""
+    """`ft bench bw --quick` into OUT/benchbw.json; also the user's default profile only where
+    there is none."""
     from ft.bench.bw import BwConfig, run_bw
     from ft.bench.profile import default_path
 
     default = default_path()
     wrote_default = not default.exists()
-    path = default if wrote_default else config.out / "benchbw.json"
     device = "cuda" if config.device == "cuda" else None
     profile = run_bw(BwConfig(quick=True, device=device), lambda stage: say(f"bench bw: {stage}"))
+    path = config.out / "benchbw.json"
     write_json_atomic(path, profile)
     if wrote_default:
-        say(f"no profile at {default}: wrote this measurement there (ft's default profile)")
+        write_json_atomic(default, profile)
+        say(f"wrote {path}, and {default} too: you had no default profile")
     else:
         say(f"wrote {path}; your profile {default} was left as it is")
     return ProfileChoice(path, wrote_default, default)
