@@ -32,9 +32,8 @@ def demo_model(say: Say) -> Path:
     from ft.engine.synth import synth_checkpoint
 
     shape = json.dumps([PRESETS[MODEL_PRESET], MODEL_DTYPE], sort_keys=True)
-    path = (
-        settings.cache_dir() / "models" / f"demo-{hashlib.sha256(shape.encode()).hexdigest()[:8]}"
-    )
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:8]  # a changed preset: a new model
+    path = settings.cache_dir() / "models" / f"demo-{digest}"
     if (path / "config.json").is_file():
         say(f"reusing the demo model {path}")
         return path
