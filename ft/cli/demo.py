@@ -66,6 +66,8 @@ def demo(
     out = (out or Path("ft-demo-" + time.strftime("%Y%m%d-%H%M%S"))).resolve()
     config = DemoConfig(out, device or _default_device(), prompts, max_tokens, repeats,
                         diagnose_prompts)  # fmt: skip
+    if config.device == "cuda" and _default_device() != "cuda":
+        raise FtError("--device cuda: torch sees no CUDA GPU here; use --device cpu")
     ui = RichUI(Console(stderr=json_out, highlight=False))
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import git
 import psutil
 import pytest
+import torch
 
 from ft.demo.edits import PLANTED, PLANTED_FUNCTION
 from ft.demo.history import GOOD_TAG, build_history
@@ -118,6 +119,10 @@ def test_a_used_out_dir_or_unknown_device_is_one_error_line(tmp_path):
     assert res.returncode == 1 and res.stderr.strip().splitlines() == [
         "error: --device must be cpu or cuda, not 'tpu'"
     ]
+    if not torch.cuda.is_available():
+        res = run_ft("demo", "--out", str(tmp_path / "new"), "--device", "cuda")
+        assert res.returncode == 1 and res.stderr.startswith("error: --device cuda: torch sees no")
+    assert not (tmp_path / "new").exists()
 
 
 def _profile(tmp_path: Path) -> Path:
