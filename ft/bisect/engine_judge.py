@@ -133,12 +133,17 @@ def _launch(command: list[str], cwd: Path, env: dict, log: Path, timeout_s: floa
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if m := READY.search(log.read_text(errors="replace")):
-            return Server(proc, f"http://{m.group(1)}:{m.group(2)}", log)
-        if proc.poll() is not None:
-            return Skip(f"`ft serve` exited ({proc.returncode}) before it was ready: {_tail(log)}")
-        time.sleep(0.1)
+    try:
+        while time.monotonic() < deadline:
+            if m := READY.search(log.read_text(errors="replace")):
+                return Server(proc, f"http://{m.group(1)}:{m.group(2)}", log)
+            if proc.poll() is not None:
+                return Skip(f"`ft serve` exited ({proc.returncode}) before it was ready: "
+                            f"{_tail(log)}")  # fmt: skip
+            time.sleep(0.1)
+    except BaseException:  # Ctrl-C while it boots: nobody holds it yet to stop it later
+        kill_group(proc)
+        raise
     kill_group(proc)
     return Skip(f"`ft serve` was not ready after {timeout_s:g} s: {_tail(log)}")
 

@@ -61,7 +61,8 @@ class Measurer:
         env = self.env(slot, sha)
         start = time.monotonic()
         value = self.judge.measure(worktree, env)
-        if self.stop.is_set():
+        if self.stop.is_set():  # abort() ran while this measured: what it started (a server
+            self.release(slot)  # still booting then) is stopped here, or it would outlive ft
             raise Interrupted
         if isinstance(value, Skip):
             return value

@@ -76,6 +76,7 @@ def _register() -> None:
         bench_decode,
         bench_serve,
         bisect,
+        demo,
         diagnose,
         env,
         generate,
@@ -95,6 +96,7 @@ def _register() -> None:
     bench_serve.register(app)
     bench_decode.register(app)
     profile.register(app)
+    demo.register(app)
 
 
 _register()

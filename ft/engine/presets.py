@@ -12,6 +12,11 @@ PRESETS: dict[str, dict] = {
         head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
         intermediate_size=128, vocab_size=512, max_position_embeddings=2048,
     ),
+    "demo": dict(  # `ft demo`: big enough experts that hybrid's CPU share shows, seconds to make
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, num_experts=64, num_experts_per_tok=4, moe_intermediate_size=256,
+        intermediate_size=512, vocab_size=512, max_position_embeddings=2048,
+    ),
     "qwen3-30b-a3b": dict(
         hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
         head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
