@@ -24,10 +24,10 @@ def git(repo: Path, *args: str) -> str:
 
 
 def make_history(repo: Path) -> tuple[list[str], str]:
-    for name in git(ROOT, "ls-files").splitlines():
-        if (ROOT / name).is_file():
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(ROOT / name, repo / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "ft", repo / "ft", ignore=skip)  # a copy of a tree need not be git's
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(ROOT / name, repo / name)
     git(repo, "init", "-q", "-b", "main")
     shas = []
     for i in range(7):

@@ -1,4 +1,5 @@
 """Where a decode step's time goes: torch.profiler over N decode steps of one request."""
+
 import sys
 import time
 

@@ -9,6 +9,7 @@ workload that is dropped, then one workload per sample; the server stops on rele
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import socket
@@ -100,7 +101,7 @@ class EngineJudge:
         python = self.envs.python_for(worktree)
         if isinstance(python, Skip):
             return python
-        env = dict(env, PYTHONPATH=str(worktree), COLUMNS="200", NO_COLOR="1", TERM="dumb")
+        env = commit_env(worktree, env)
         command = self.serve_command(python, _free_port())
         commit = env.get("FT_BISECT_COMMIT")  # the stack is fixed for a run: commit = checkout
         if not commit or commit not in self._flags_ok:
@@ -182,3 +183,10 @@ def _last(text: str) -> str:
 
 def _tail(log: Path) -> str:
     return _last(log.read_text(errors="replace")) if log.exists() else ""
+
+
+def commit_env(worktree: Path, env: dict[str, str]) -> dict[str, str]:
+    """The commit's source first on the path; what the path held before stays behind it (the
+    commit's dependencies may live there, as they did when the driver checked them)."""
+    path = os.pathsep.join(p for p in (str(worktree), env.get("PYTHONPATH", "")) if p)
+    return dict(env, PYTHONPATH=path, COLUMNS="200", NO_COLOR="1", TERM="dumb")

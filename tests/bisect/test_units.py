@@ -98,3 +98,13 @@ def test_workers_share_the_gpus_there_are(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert config.worker_gpus(4, engine=True) == ["2", "3"]
     assert config.worker_gpus(1, engine=False) is None
+
+
+def test_a_commit_runs_its_own_source_and_keeps_the_path_behind_it(tmp_path):
+    import os
+
+    from ft.bisect.engine_judge import commit_env
+
+    env = commit_env(tmp_path, {"PYTHONPATH": "/deps/site"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/deps/site"]
+    assert commit_env(tmp_path, {})["PYTHONPATH"] == str(tmp_path)
