@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from ft.engine.cpu_moe_threads import name_os_thread
 from ft.errors import FtError
 from ft.log import get_logger
 
@@ -36,17 +35,6 @@ def _start_torch_team() -> None:
         torch.ones(1 << 20).sum()
     except Exception:
         pass  # only the names of those threads are at stake
-
-
-def _name_os_thread(name: str) -> None:
-    """Name the thread for the kernel too (/proc/PID/task/TID/comm), so probes see the role."""
-    if sys.platform != "linux":
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # 15 = PR_SET_NAME
-    except (OSError, AttributeError):
-        pass  # a nicety for probes; the Python thread name is still set
 
 
 @dataclass(frozen=True)
@@ -148,7 +136,7 @@ class EngineWorker:
     # -- engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         _start_torch_team()  # before the rename: torch's worker threads inherit the name
-        _name_os_thread(ENGINE_THREAD_NAME)
+        name_os_thread(ENGINE_THREAD_NAME)  # probes read the role from /proc
         try:
             while self._drain_inbox(block=not self.engine.has_unfinished()):
                 if self.engine.has_unfinished():
