@@ -29,8 +29,8 @@ def moe_kernel() -> str:
 
 
 def cuda_graphs() -> bool:
-    """FT_CUDA_GRAPHS=1: replay the decode step as CUDA graphs where the strategy never waits
-    for the host (resident); experimental, off by default."""
+    """FT_CUDA_GRAPHS=1: replay decode as CUDA graphs: the whole step (resident), or each stretch
+    between the per-layer host stops (offload); experimental, off by default."""
     return os.environ.get("FT_CUDA_GRAPHS", "") not in ("", "0", "false", "no")
 
 

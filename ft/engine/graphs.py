@@ -1,13 +1,24 @@
-"""CUDA graphs for the decode step (FT_CUDA_GRAPHS=1, experimental): where the MoE strategy never
-waits for the host (resident), the whole step, embedding to logits, is captured once per
-(batch size, KV length bucket) and replayed, so a step costs one launch instead of ~40 per
-layer. Keys are attended over a bucket of KV_BUCKET positions, the padding masked; sampling
-stays outside the graph.
+"""CUDA graphs for the decode step (FT_CUDA_GRAPHS=1).
 
-Legend: B = sequences, V = vocab.
+The step is cut where the MoE strategy needs the host, and each stretch between two cuts is
+captured once per (batch size, KV length bucket) and replayed:
+
+    resident (graph_safe): [embed, L0 .. L47, norm, lm_head]                  1 graph
+    offload  (host_stop):  [embed, L0 attn+route] -host- [L0 experts, L1 attn+route] -host- ...
+                           [L47 experts, norm, lm_head]                       49 graphs
+
+At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
+misses (copies on the cache's stream) and publishes their slots to the device; the next stretch's
+`compute` reads them there. Stretches read one set of buffers and write the other, so the
+warm-up run before a capture, on the step's real inputs, changes nothing. Keys are attended over
+a bucket of KV_BUCKET positions, the padding masked; sampling stays outside the graphs.
+
+Legend: B = sequences, D = hidden, K = experts per token, V = vocab.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,12 +30,15 @@ KV_BUCKET = 256  # keys per bucket: one graph serves every length up to its buck
 
 
 def decode_logits(model, tokens, positions, slots, kv_len: int) -> torch.Tensor:
-    """One decode step (one new token per sequence) over `kv_len` keys -> logits [B, V] fp32."""
-    spans = [Span(0, 0, 1)] * tokens.shape[0]  # only their lengths are read: all decode
-    batch = Batch(tokens, positions, spans, slots, kv_len=kv_len)
+    """One eager decode step (one new token per sequence) over `kv_len` keys -> logits [B, V]."""
+    batch = _decode_batch(tokens, positions, slots, kv_len)
     h = F.embedding(tokens, model.embed)
     for layer in model.layers:
         h = layer.forward(h, batch)
+    return final_logits(model, h)
+
+
+def final_logits(model, h: torch.Tensor) -> torch.Tensor:
     return F.linear(rms_norm(h, model.norm, model.cfg.rms_norm_eps), model.lm_head).float()
 
 
@@ -32,16 +46,74 @@ def kv_bucket(longest: int, max_len: int) -> int:
     return min(-(-longest // KV_BUCKET) * KV_BUCKET, max_len)
 
 
+def _decode_batch(tokens, positions, slots, kv_len: int) -> Batch:
+    spans = [Span(0, 0, 1)] * tokens.shape[0]  # only their lengths are read: all decode
+    return Batch(tokens, positions, spans, slots, kv_len=kv_len)
+
+
+@dataclass
+class Handoff:
+    """What a stretch leaves for the next one at a cut: [B_max, ...] static buffers."""
+
+    h: torch.Tensor  # [B, D] residual stream after the cut layer's attention
+    x: torch.Tensor  # [B, D] that layer's MoE input
+    ids: torch.Tensor  # [B, K] its routed experts
+    weights: torch.Tensor  # [B, K]
+
+    @classmethod
+    def allocate(cls, max_batch: int, cfg, dtype, device) -> Handoff:
+        act = lambda: torch.zeros(max_batch, cfg.hidden_size, dtype=dtype, device=device)  # noqa: E731
+        ids = torch.zeros(max_batch, cfg.top_k, dtype=torch.long, device=device)
+        return cls(act(), act(), ids, torch.zeros(ids.shape, dtype=dtype, device=device))
+
+    def write(self, b: int, h, x, ids, weights) -> None:
+        for dst, src in ((self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)):
+            dst[:b].copy_(src)
+
+
+def cut_layers(model, strategy) -> list[int]:
+    """The MoE layers where decode stops for the host: none for graph_safe strategies."""
+    return [layer.index for layer in model.layers if layer.is_moe] if strategy.host_stop else []
+
+
+def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs) -> torch.Tensor:
+    """Stretch k of the step: finish cut k-1's experts, run to cut k's routing (-> dst), or on
+    the last stretch to the logits (returned)."""
+    tokens, positions, slots, kv_len = inputs
+    batch, b = _decode_batch(tokens, positions, slots, kv_len), tokens.shape[0]
+    if k == 0:
+        h, first = F.embedding(tokens, model.embed), 0
+    else:
+        cut = model.layers[cuts[k - 1]]
+        moe = cut.moe.compute(cut.index, src.x[:b], src.ids[:b], src.weights[:b])
+        h, first = src.h[:b] + moe, cut.index + 1
+    last = cuts[k] if k < len(cuts) else len(model.layers)
+    for layer in model.layers[first:last]:
+        h = layer.forward(h, batch)
+    if k == len(cuts):
+        return final_logits(model, h)
+    layer = model.layers[last]
+    h, x = layer.attend(h, batch)
+    dst.write(b, h, x, *layer.route(x))
+    return dst.ids[:b]
+
+
 class DecodeGraphs:
-    """Captured decode steps keyed by (B, kv bucket), replayed on static input buffers."""
+    """Captured decode stretches keyed by (B, kv bucket), replayed on static buffers."""
 
     def __init__(self, model, strategy, max_batch: int, max_len: int, device):
         self.model, self.strategy, self.max_len = model, strategy, max_len
+        self.cuts = cut_layers(model, strategy)
         self.tokens = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros_like(self.tokens)
         self.slots = torch.zeros_like(self.tokens)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        dtype = model.embed.dtype
+        self.handoffs = [Handoff.allocate(max_batch, model.cfg, dtype, device) for _ in range(2)]
+        self.graphs: dict[tuple[int, int], list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]] = {}
         self.pool = None
+
+    def fits(self, batch_size: int) -> bool:
+        return self.strategy.decode_fits(batch_size * self.model.cfg.top_k)
 
     @torch.inference_mode()
     def logits(self, batch: Batch) -> torch.Tensor:
@@ -50,27 +122,33 @@ class DecodeGraphs:
         self.positions[:b].copy_(batch.positions)
         self.slots[:b].copy_(batch.slots)
         key = (b, kv_bucket(max(s.start for s in batch.spans) + 1, self.max_len))
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(*key)
-        graph, out = self.graphs[key]
-        graph.replay()
+        stretches = self.graphs.setdefault(key, [])
+        for k in range(len(self.cuts) + 1):
+            if k == len(stretches):  # first step with this key: capture as we go
+                stretches.append(self._capture(k, *key))
+            graph, out = stretches[k]
+            graph.replay()
+            if k < len(self.cuts):
+                self.strategy.prepare(self.cuts[k], out.tolist())  # the cut's one host sync
         return out.clone()  # graphs share one memory pool: the next replay may reuse `out`
 
-    def _inputs(self, b: int, kv_len: int):
-        return self.tokens[:b], self.positions[:b], self.slots[:b], kv_len
+    def _run(self, k: int, b: int, kv_len: int) -> torch.Tensor:
+        src, dst = self.handoffs[k % 2], self.handoffs[(k + 1) % 2]
+        inputs = (self.tokens[:b], self.positions[:b], self.slots[:b], kv_len)
+        return run_stretch(self.model, self.cuts, k, src, dst, inputs)
 
-    def _capture(self, b: int, kv_len: int):
+    def _capture(self, k: int, b: int, kv_len: int):
         saved = [t.clone() for t in self.strategy.device_counters()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm up: compile kernels, create handles, off the graph
-            for _ in range(2):  # rewrites this step's own K/V with the same values: harmless
-                decode_logits(self.model, *self._inputs(b, kv_len))
+            for _ in range(2):  # rewrites this step's own K/V and handoff with the same values
+                self._run(k, b, kv_len)
         torch.cuda.current_stream().wait_stream(side)
         for counter, value in zip(self.strategy.device_counters(), saved, strict=True):
             counter.copy_(value)  # the warm-up steps are not the user's
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = decode_logits(self.model, *self._inputs(b, kv_len))
+            out = self._run(k, b, kv_len)
         self.pool = graph.pool()
         return graph, out

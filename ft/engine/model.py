@@ -53,10 +53,18 @@ class DecoderLayer:
         self.cfg, self.index, self.w, self.rope, self.moe = cfg, index, w, rope, moe
         self.k_cache, self.v_cache = kv  # [S, M, G, d] each: this layer's part of the KV cache
 
+    @property
+    def is_moe(self) -> bool:
+        return "router" in self.w
+
     def forward(self, h: torch.Tensor, batch: Batch) -> torch.Tensor:
+        h, x = self.attend(h, batch)
+        return h + (self.sparse_mlp(x) if self.is_moe else self.dense_mlp(x))
+
+    def attend(self, h: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (the residual stream after attention, the MLP's normalised input)."""
         h = h + self.attention(rms_norm(h, self.w["ln1"], self.cfg.rms_norm_eps), batch)
-        x = rms_norm(h, self.w["ln2"], self.cfg.rms_norm_eps)
-        return h + (self.sparse_mlp(x) if "router" in self.w else self.dense_mlp(x))
+        return h, rms_norm(h, self.w["ln2"], self.cfg.rms_norm_eps)
 
     def attention(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
         cfg, w, T = self.cfg, self.w, x.shape[0]  # noqa: N806
@@ -73,8 +81,11 @@ class DecoderLayer:
         return F.linear(o, w["o"], w.get("o_bias"))
 
     def sparse_mlp(self, x: torch.Tensor) -> torch.Tensor:
-        topk_ids, topk_weights = route(self.cfg, self.w["router"], x)
+        topk_ids, topk_weights = self.route(x)
         return self.moe.forward(self.index, x, topk_ids, topk_weights)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return route(self.cfg, self.w["router"], x)
 
     def dense_mlp(self, x: torch.Tensor) -> torch.Tensor:
         w = self.w

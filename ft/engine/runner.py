@@ -13,7 +13,6 @@ from ft import settings
 from ft.engine.attention import Batch, Span
 from ft.engine.builder import build_engine_parts
 from ft.engine.config import EngineConfig
-from ft.engine.experts.grouped import MAX_DEVICE_PAIRS
 from ft.engine.sampling import SamplingParams, sample
 from ft.engine.scheduler import Scheduler, Sequence, StepOutput
 from ft.errors import FtError
@@ -103,17 +102,18 @@ class LLMEngine:
 
     def _decode_graphs(self, max_batch: int):
         """CUDA graphs for decode (FT_CUDA_GRAPHS=1) where the strategy allows them."""
-        if not (settings.cuda_graphs() and self.device.type == "cuda" and self.strategy.graph_safe):
+        capturable = self.strategy.graph_safe or self.strategy.host_stop
+        if not (settings.cuda_graphs() and self.device.type == "cuda" and capturable):
             return None
         from ft.engine.graphs import KV_BUCKET, DecodeGraphs
 
-        log.info(f"CUDA graphs: decode steps captured per batch size and {KV_BUCKET}-key bucket")
+        per = "step" if self.strategy.graph_safe else "stretch between MoE layers' host stops"
+        log.info(f"CUDA graphs: decode captured per {per}, batch size and {KV_BUCKET}-key bucket")
         return DecodeGraphs(self.model, self.strategy, max_batch, self.max_model_len, self.device)
 
     def _run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         batch = self._batch(seqs, is_prefill)
-        pairs = len(seqs) * self.model_config.top_k  # beyond this, MoE groups on the host
-        if self.graphs and not is_prefill and pairs <= MAX_DEVICE_PAIRS:
+        if self.graphs and not is_prefill and self.graphs.fits(len(seqs)):
             logits = self.graphs.logits(batch)
         else:
             logits = self.model.forward(batch)  # [B, V]

@@ -1,5 +1,6 @@
-"""The decode step CUDA graphs replay: padded-KV decode equals the engine's decode on the CPU;
-on CUDA, FT_CUDA_GRAPHS=1 gives the same tokens and counters as eager decode."""
+"""The decode step CUDA graphs replay: padded-KV decode, and decode cut into stretches at the
+offload strategy's host stops, equal the engine's decode on the CPU; on CUDA, FT_CUDA_GRAPHS=1
+gives the same tokens and counters as eager decode, for resident and for offload."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from ft.engine.config import EngineConfig
-from ft.engine.graphs import decode_logits, kv_bucket
+from ft.engine.graphs import Handoff, cut_layers, decode_logits, kv_bucket, run_stretch
 from ft.engine.runner import LLMEngine, SamplingParams
 
 PROMPTS = [[5, 9, 13], [40, 2, 77, 31, 8, 1, 6], [88]]
@@ -20,19 +21,52 @@ def test_kv_bucket_rounds_up_and_caps():
 
 def test_padded_decode_equals_the_model_forward(synth_tiny):
     engine = LLMEngine(EngineConfig(model=str(synth_tiny[0]), device="cpu", max_model_len=64))
-    for prompt in PROMPTS:
-        engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
-    engine.step()  # prefill all three
-    seqs, _ = engine.scheduler.schedule()
-    batch = engine._batch(seqs, is_prefill=False)
+    batch = decode_batch(engine)
     expected = engine.model.forward(batch)  # also writes this step's K/V
     got = decode_logits(engine.model, batch.token_ids, batch.positions, batch.slots, kv_len=64)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def generate(model_dir, monkeypatch, graphs: bool):
+def decode_batch(engine):
+    for prompt in PROMPTS:
+        engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()  # prefill all three
+    seqs, _ = engine.scheduler.schedule()
+    return engine._batch(seqs, is_prefill=False)
+
+
+def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny):
+    config = EngineConfig(
+        model=str(synth_tiny[0]), device="cpu", max_model_len=64, moe_strategy="offload",
+        moe_cache_size=14,
+    )  # fmt: skip
+    engine = LLMEngine(config)
+    model, strategy = engine.model, engine.strategy
+    batch = decode_batch(engine)
+    cuts = cut_layers(model, strategy)
+    assert cuts == engine.model_config.moe_layers  # offload stops at every MoE layer
+    buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu") for _ in range(2)]
+    inputs = (batch.token_ids, batch.positions, batch.slots, 64)
+    uses = strategy.counters()["expert_uses"]
+    for k in range(len(cuts) + 1):
+        out = run_stretch(model, cuts, k, buffers[k % 2], buffers[(k + 1) % 2], inputs)
+        if k < len(cuts):
+            assert out.shape == (3, model.cfg.top_k)  # the cut's routed ids
+            strategy.prepare(cuts[k], out.tolist())
+    stretched_uses = strategy.counters()["expert_uses"] - uses
+    expected = model.forward(batch)  # eager: offload's own per-layer sync path
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)  # keys padded to 64 here
+    assert strategy.counters()["expert_uses"] - uses == 2 * stretched_uses
+
+
+def test_resident_decode_is_one_stretch(synth_tiny):
+    engine = LLMEngine(EngineConfig(model=str(synth_tiny[0]), device="cpu", max_model_len=64))
+    assert cut_layers(engine.model, engine.strategy) == []
+
+
+def generate(model_dir, monkeypatch, graphs: bool, **config):
     monkeypatch.setenv("FT_CUDA_GRAPHS", "1" if graphs else "0")
-    engine = LLMEngine(EngineConfig(model=str(model_dir), device="cuda", dtype="float32"))
+    engine = LLMEngine(EngineConfig(model=str(model_dir), device="cuda", dtype="float32", **config))
     assert (engine.graphs is not None) == graphs
     ids = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS]
     outs: dict[int, list[int]] = {i: [] for i in ids}
@@ -48,3 +82,13 @@ def test_cuda_graphs_decode_like_eager(synth_tiny, monkeypatch):
     graphed, graphed_stats = generate(synth_tiny[0], monkeypatch, graphs=True)
     assert graphed == eager
     assert graphed_stats.expert_uses == eager_stats.expert_uses  # warm-ups are not counted
+
+
+@pytest.mark.gpu
+def test_offload_graphs_decode_like_eager(synth_tiny, monkeypatch):
+    config = dict(moe_strategy="offload", moe_cache_size=14)  # < 3 layers x 16: evictions
+    eager, eager_stats = generate(synth_tiny[0], monkeypatch, graphs=False, **config)
+    graphed, graphed_stats = generate(synth_tiny[0], monkeypatch, graphs=True, **config)
+    assert graphed == eager
+    for field in ("expert_uses", "cache_hits", "cache_misses", "bytes_fetched"):
+        assert getattr(graphed_stats, field) == getattr(eager_stats, field), field

@@ -3,6 +3,10 @@
 A miss copies the expert from the host store into a slot on a separate CUDA stream; the
 compute stream waits on an event, so only work that needs the expert waits for it. On the
 CPU device the copy is a plain copy_ (the CPU plays the accelerator in CI).
+
+Which slot holds what is also kept as a table [layers, E] (slot, or -1), on the host and, row by
+row as `publish` sends it, on the device: decode's expert compute reads its slots there, so it
+never waits for the host and can be replayed from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ class ExpertCache:
         self.hits = self.misses = self.evictions = self.bytes_fetched = 0
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        shape = (len(store.w13), store.num_experts)  # [layers, E]
+        self._table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
+        self.slot_table = self._table.to(self.device) if cuda else self._table  # the device's copy
 
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
         """Slots holding these experts of `layer`, fetching the misses. len(experts) <= slots."""
@@ -64,6 +71,7 @@ class ExpertCache:
         self.w13[slot].copy_(self.store.w13[layer][expert], non_blocking=non_blocking)
         self.w2[slot].copy_(self.store.w2[layer][expert], non_blocking=non_blocking)
         self._slot_of[(layer, expert)] = slot
+        self._table[layer, expert] = slot
         self.misses += 1
         self.bytes_fetched += self.store.expert_bytes
         return slot
@@ -71,9 +79,17 @@ class ExpertCache:
     def _take_slot(self) -> int:
         if self._free:
             return self._free.pop()
-        _, slot = self._slot_of.popitem(last=False)  # evict the least recently used
+        (layer, expert), slot = self._slot_of.popitem(last=False)  # evict the least recently used
+        self._table[layer, expert] = -1
         self.evictions += 1
         return slot
+
+    def publish(self, layer: int) -> None:
+        """Send the layer's row of the slot table to the device, in the compute stream's order.
+        The pinned row is not written again before this copy runs: the host changes the table
+        only after a sync on routing ids that the compute stream produces after this copy."""
+        if self.slot_table is not self._table:
+            self.slot_table[layer].copy_(self._table[layer], non_blocking=True)
 
     def cached(self) -> list[tuple[int, int]]:
         """(layer, expert) keys from least to most recently used."""

@@ -43,14 +43,20 @@ def block_m_for(rows: int) -> int:
     return max(MIN_BLOCK_M, 1 << max(rows - 1, 0).bit_length())
 
 
-def blocks_on_device(pair_slots: torch.Tensor, weights: torch.Tensor) -> PairBlocks:
+def blocks_on_device(
+    pair_slots: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor | None = None
+) -> PairBlocks:
     """From per-pair slots [T, K] (on the device) and weights [T, K]; no host sync. One block
     per pair row; the first row of each slot's run owns the block and all the run (P <= block_m
-    so a run always fits)."""
+    so a run always fits). Pairs are ordered by `experts` [T, K] when given (slots of a cache:
+    each token then sums its experts in the same order as resident, bit for bit on the CPU),
+    else by slot."""
     top_k, flat = pair_slots.shape[1], pair_slots.flatten().to(torch.int32)  # [P]
-    sorted_slots, order = torch.sort(flat, stable=True)
-    previous = F.pad(sorted_slots[:-1], (1, 0), value=-2)
-    first = torch.where(sorted_slots != previous, sorted_slots, -1)  # [P] a block per run
+    key = flat if experts is None else experts.flatten()
+    sorted_key, order = torch.sort(key, stable=True)
+    previous = F.pad(sorted_key[:-1], (1, 0), value=-2)
+    sorted_slots = flat[order] if experts is not None else sorted_key
+    first = torch.where(sorted_key != previous, sorted_slots, -1)  # [P] a block per run
     starts = torch.arange(flat.shape[0], dtype=torch.int32, device=flat.device)
     return PairBlocks(
         tok=order // top_k, slot=sorted_slots, weight=weights.flatten()[order],

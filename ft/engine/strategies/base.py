@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from ft.engine.experts.dispatch import group_by_expert
-from ft.engine.experts.grouped import blocks_from_groups, moe_pairs, pick_backend, reduce_pairs
+from ft.engine.experts.grouped import (
+    MAX_DEVICE_PAIRS,
+    PairBlocks,
+    blocks_from_groups,
+    moe_pairs,
+    pick_backend,
+    reduce_pairs,
+)
 from ft.engine.experts.store import HostExpertStore
 
 
@@ -13,7 +20,11 @@ class MoeStrategy:
     """forward(layer, x [T, D], topk_ids [T, K], topk_weights [T, K]) -> [T, D]."""
 
     name = "base"
-    graph_safe = False  # True: decode never waits for the host, so CUDA graphs can capture it
+    graph_safe = False  # True: decode never waits for the host: the whole step is one CUDA graph
+    # True: decode stops once per MoE layer for the host (`prepare`, given the router's ids),
+    # and the experts' compute after it (`compute`) never waits for the host: the step is one
+    # CUDA graph per stretch between stops (ft.engine.graphs).
+    host_stop = False
 
     def __init__(self, store: HostExpertStore, device: torch.device | str = "cpu"):
         self.store = store
@@ -29,6 +40,23 @@ class MoeStrategy:
 
     def run_groups(self, layer, x, groups, out) -> None:
         raise NotImplementedError
+
+    def decode_fits(self, pairs: int) -> bool:
+        """Whether `pairs` routed (token, expert) pairs take the device work-list path."""
+        return pairs <= MAX_DEVICE_PAIRS
+
+    def prepare(self, layer: int, topk_ids: list[list[int]]) -> None:
+        """host_stop strategies: make this layer's experts ready for `compute` (host side)."""
+        raise NotImplementedError
+
+    def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        """The layer's experts on the device, no host sync: -> [T, D]."""
+        raise NotImplementedError
+
+    def run_blocks(self, x, w13, w2, blocks: PairBlocks) -> torch.Tensor:
+        """-> [T, D]: the work list's pairs computed from banks w13 / w2, no host sync."""
+        y = moe_pairs(x, w13, w2, blocks, self.kernel)  # [P, D]
+        return reduce_pairs(blocks, y, x.shape[0]).to(x.dtype)
 
     def compute_groups(self, x, w13, w2, groups, slots: list[int], out) -> None:
         """out += every group's experts, read from bank slots `slots`: one batched compute."""

@@ -56,6 +56,7 @@ def split_misses(
 
 class HybridStrategy(OffloadStrategy):
     name = "hybrid"
+    host_stop = False  # its CPU share needs the activations on the host: decode stays eager
 
     def __init__(
         self,

@@ -1,22 +1,48 @@
 """`offload`: experts in (pinned) host memory, an N-slot device cache; a miss is copied into a
 slot, then computed on the device.
 
-Per layer: one host sync (group_by_expert, to learn which experts miss), the misses' copies on
-the cache's side stream, then one batched compute over the cache slots (`compute_slots`).
+Decode, per layer: one host sync (the router's ids, to learn which experts miss), the misses'
+copies on the cache's side stream, the layer's row of the slot table to the device (`prepare`),
+then one batched compute that reads its slots there (`compute`, capturable in a CUDA graph).
+Prefill, or a layer needing more experts than slots: grouped on the host, in chunks of slots.
 """
 
 from __future__ import annotations
 
+import torch
+
 from ft.engine.experts.cache import ExpertCache
+from ft.engine.experts.grouped import blocks_on_device
 from ft.engine.strategies.base import MoeStrategy
 
 
 class OffloadStrategy(MoeStrategy):
     name = "offload"
+    host_stop = True
 
     def __init__(self, store, device, num_slots: int):
         super().__init__(store, device)
         self.cache = ExpertCache(store, num_slots, device)
+
+    def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        if not self.decode_fits(topk_ids.numel()):
+            return super().forward(layer, x, topk_ids, topk_weights)
+        self.prepare(layer, topk_ids.tolist())  # the layer's one host sync
+        return self.compute(layer, x, topk_ids, topk_weights)
+
+    def decode_fits(self, pairs: int) -> bool:
+        return super().decode_fits(pairs) and pairs <= self.cache.num_slots
+
+    def prepare(self, layer: int, topk_ids: list[list[int]]) -> None:
+        experts = sorted({e for row in topk_ids for e in row})
+        self.expert_uses += len(experts)
+        self.cache.ensure(layer, experts)
+        self.cache.publish(layer)
+
+    def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        slots = self.cache.slot_table[layer][topk_ids]  # [T, K]
+        blocks = blocks_on_device(slots, topk_weights, experts=topk_ids)
+        return self.run_blocks(x, self.cache.w13, self.cache.w2, blocks)
 
     def run_groups(self, layer, x, groups, out) -> None:
         step = self.cache.num_slots  # a layer needing more experts than slots goes in chunks

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ft.engine.experts.grouped import MAX_DEVICE_PAIRS, blocks_on_device, moe_pairs, reduce_pairs
+from ft.engine.experts.grouped import blocks_on_device
 from ft.engine.strategies.base import MoeStrategy
 
 
@@ -25,12 +25,14 @@ class ResidentStrategy(MoeStrategy):
         self._uses_on_device = torch.zeros((), dtype=torch.long, device=device)
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        if topk_ids.numel() > MAX_DEVICE_PAIRS:  # prefill: group on the host (one sync)
+        if not self.decode_fits(topk_ids.numel()):  # prefill: group on the host (one sync)
             return super().forward(layer, x, topk_ids, topk_weights)
+        return self.compute(layer, x, topk_ids, topk_weights)
+
+    def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         blocks = blocks_on_device(topk_ids, topk_weights)  # slot = expert id
         self._uses_on_device += (blocks.block_slot >= 0).sum()  # distinct experts, no sync
-        y = moe_pairs(x, self.w13[layer], self.w2[layer], blocks, self.kernel)  # [P, D]
-        return reduce_pairs(blocks, y, x.shape[0]).to(x.dtype)
+        return self.run_blocks(x, self.w13[layer], self.w2[layer], blocks)
 
     def run_groups(self, layer, x, groups, out) -> None:
         slots = [g.expert for g in groups]
