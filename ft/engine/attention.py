@@ -6,7 +6,7 @@ S = cache slots (sequences), M = max_model_len.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,16 @@ class Batch:
     spans: list[Span]
     slots: torch.Tensor  # [B] cache slot of each sequence (decode path)
     kv_len: int | None = None  # decode: keys to attend over (padded, masked); None: the longest
+    _decode_mask: torch.Tensor | None = field(default=None, repr=False)  # made once per step
+
+    def decode_mask(self, keys: int) -> torch.Tensor:
+        """[B, 1, 1, keys] True where a sequence may attend: the same for every layer."""
+        if self._decode_mask is None or self._decode_mask.shape[-1] != keys:
+            allowed = (
+                torch.arange(keys, device=self.positions.device)[None, :] <= self.positions[:, None]
+            )
+            self._decode_mask = allowed[:, None, None, :]
+        return self._decode_mask
 
     @property
     def is_decode(self) -> bool:
@@ -132,7 +142,6 @@ def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
     longest = batch.kv_len or max(s.start for s in batch.spans) + 1  # CUDA graphs fix kv_len
     keys = k_cache[batch.slots, :longest].transpose(1, 2)  # [B, G, longest, d]
     values = v_cache[batch.slots, :longest].transpose(1, 2)
-    mask = torch.arange(longest, device=q.device)[None, :] <= batch.positions[:, None]
     query = q[:, :, None, :]  # [B, H, 1, d]
-    o = _sdpa(query, keys, values, mask[:, None, None, :])
+    o = _sdpa(query, keys, values, batch.decode_mask(longest))
     return o.reshape(q.shape[0], -1)

@@ -41,15 +41,33 @@ def route(cfg: ModelConfig, router: torch.Tensor, x: torch.Tensor):
     return ids, weights.to(x.dtype)
 
 
-def layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+def take_layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+    """The layer's tensors by short name, removed from `weights` (the layer then owns them, so
+    fusing them below frees the originals one layer at a time)."""
     prefix = f"model.layers.{layer}."
     return {
-        short: weights[prefix + hf] for short, hf in LAYER_TENSORS.items() if prefix + hf in weights
+        short: weights.pop(prefix + hf)
+        for short, hf in LAYER_TENSORS.items()
+        if prefix + hf in weights
     }
+
+
+def fuse_attention_inputs(cfg: ModelConfig, w: dict[str, torch.Tensor]) -> None:
+    """q, k, v projections as one matmul (w["qkv"]; q/k/v stay as views of it), and q's and k's
+    RMSNorm weights as one [H + G, d] table, so decode launches 1 GEMM and 1 norm, not 3 and 2."""
+    qkv = torch.cat((w["q"], w["k"], w["v"]))  # [(H + 2G) d, D]
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    w["qkv"], w["q"], w["k"], w["v"] = qkv, qkv[:qd], qkv[qd : qd + kvd], qkv[qd + kvd :]
+    if "q_bias" in w:
+        w["qkv_bias"] = torch.cat((w["q_bias"], w["k_bias"], w["v_bias"]))
+    if cfg.qk_norm:
+        H, G, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim  # noqa: N806
+        w["qk_norm"] = torch.cat((w["q_norm"].expand(H, d), w["k_norm"].expand(G, d)))
 
 
 class DecoderLayer:
     def __init__(self, cfg: ModelConfig, index: int, w: dict, rope: Rope, kv, moe):
+        fuse_attention_inputs(cfg, w)
         self.cfg, self.index, self.w, self.rope, self.moe = cfg, index, w, rope, moe
         self.k_cache, self.v_cache = kv  # [S, M, G, d] each: this layer's part of the KV cache
 
@@ -67,17 +85,16 @@ class DecoderLayer:
         return h, rms_norm(h, self.w["ln2"], self.cfg.rms_norm_eps)
 
     def attention(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
-        cfg, w, T = self.cfg, self.w, x.shape[0]  # noqa: N806
-        q = F.linear(x, w["q"], w.get("q_bias")).view(T, cfg.num_heads, cfg.head_dim)
-        k = F.linear(x, w["k"], w.get("k_bias")).view(T, cfg.num_kv_heads, cfg.head_dim)
-        v = F.linear(x, w["v"], w.get("v_bias")).view(T, cfg.num_kv_heads, cfg.head_dim)
+        cfg, w, T, H, G = self.cfg, self.w, x.shape[0], self.cfg.num_heads, self.cfg.num_kv_heads  # noqa: N806
+        qkv = F.linear(x, w["qkv"], w.get("qkv_bias")).view(T, H + 2 * G, cfg.head_dim)
+        qk, v = (
+            qkv[:, : H + G],
+            qkv[:, H + G :],
+        )  # q's and k's heads go through norm and RoPE together
         if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
-            q, k = (
-                rms_norm(q, w["q_norm"], cfg.rms_norm_eps),
-                rms_norm(k, w["k_norm"], cfg.rms_norm_eps),
-            )
-        q, k = self.rope.apply(q, batch.positions), self.rope.apply(k, batch.positions)
-        o = attend(q, k, v, self.k_cache, self.v_cache, batch)  # [T, H*d]
+            qk = rms_norm(qk, w["qk_norm"], cfg.rms_norm_eps)
+        qk = self.rope.apply(qk, batch.positions)
+        o = attend(qk[:, :H], qk[:, H:], v, self.k_cache, self.v_cache, batch)  # [T, H*d]
         return F.linear(o, w["o"], w.get("o_bias"))
 
     def sparse_mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +121,7 @@ class MoeModel:
         self.lm_head = weights["lm_head.weight"]
         self.layers = [
             DecoderLayer(
-                cfg, i, layer_weights(weights, i), rope, (kv_cache.k[i], kv_cache.v[i]), moe
+                cfg, i, take_layer_weights(weights, i), rope, (kv_cache.k[i], kv_cache.v[i]), moe
             )
             for i in range(cfg.num_layers)
         ]
