@@ -24,7 +24,7 @@ from ft.errors import FtError
 
 COUNTERS = (
     "cache_hits", "cache_misses", "experts_fetched", "bytes_fetched", "experts_cpu",
-    "experts_cpu_inline", "expert_uses",
+    "experts_cpu_inline", "expert_uses", "experts_prefetched", "prefetch_hits",
 )  # fmt: skip
 PEERS = ("accelerate",)
 Progress = Callable[[str, int], None]  # (what is running, steps done) for a progress bar
@@ -54,6 +54,7 @@ class DecodeBenchConfig:
     trace: str | None = None  # folder: profile a few extra decode steps per run (decode_trace)
     max_fetch: str = "auto"  # hybrid's --moe-hybrid-max-fetch
     cpu_moe_threads: int | None = None  # hybrid's pool size
+    moe_prefetch: bool = True  # offload, graphed: prefetch the next layer's guessed misses
 
     def __post_init__(self) -> None:
         known = available_strategies()
@@ -154,7 +155,7 @@ def _engine(cfg, base, strategy: str, store):
         gpu_memory_limit=cfg.gpu_memory_limit, max_num_seqs=max(cfg.batches),
         max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
         moe_hybrid_max_fetch=cfg.max_fetch, cpu_moe_threads=cfg.cpu_moe_threads,
-        bw_profile=cfg.profile,
+        moe_prefetch=cfg.moe_prefetch, bw_profile=cfg.profile,
     )  # fmt: skip
     return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared
 

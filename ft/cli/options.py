@@ -63,6 +63,14 @@ class EngineFlags:
             "(also FT_CPU_MOE_INLINE=1).",
         ),
     ] = False
+    moe_prefetch: Annotated[
+        bool,
+        typer.Option(
+            "--moe-prefetch/--no-moe-prefetch",
+            help="offload with FT_CUDA_GRAPHS=1: at each MoE layer, also fetch the misses the "
+            "next layer's router picks from this layer's input, overlapped with compute.",
+        ),
+    ] = True
     bw_profile: Annotated[
         Path | None,
         typer.Option(

@@ -166,6 +166,7 @@ class EngineConfig:
     moe_hybrid_max_fetch: float | str = "auto"  # hybrid: fraction of misses fetched, or "auto"
     cpu_moe_threads: int | None = None  # None: physical cores - 1
     cpu_moe_inline: bool = False  # fault injection: CPU expert work on the engine thread
+    moe_prefetch: bool = True  # offload, graphed decode: prefetch the next layer's guessed misses
     bw_profile: str | None = None  # None: $FT_CACHE_DIR/benchbw.json
 
     def __post_init__(self) -> None:

@@ -9,7 +9,9 @@ captured once per (batch size, KV length bucket) and replayed:
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
 misses (copies on the cache's stream) and publishes their slots to the device; the next stretch's
-`compute` reads them there. Stretches read one set of buffers and write the other, so the
+`compute` reads them there. Where the strategy prefetches, the stretch also runs the next cut's
+router on this cut's input, and `prepare` starts copying that guess's misses, so they cross PCIe
+while the next stretch computes. Stretches read one set of buffers and write the other, so the
 warm-up run before a capture, on the step's real inputs, changes nothing. Keys are attended over
 a bucket of KV_BUCKET positions, the padding masked; sampling stays outside the graphs.
 
@@ -59,15 +61,19 @@ class Handoff:
     x: torch.Tensor  # [B, D] that layer's MoE input
     ids: torch.Tensor  # [B, K] its routed experts
     weights: torch.Tensor  # [B, K]
+    stop: torch.Tensor  # [B, 2K] what the host reads: the routed ids, then the next cut's guess
 
     @classmethod
     def allocate(cls, max_batch: int, cfg, dtype, device) -> Handoff:
         act = lambda: torch.zeros(max_batch, cfg.hidden_size, dtype=dtype, device=device)  # noqa: E731
         ids = torch.zeros(max_batch, cfg.top_k, dtype=torch.long, device=device)
-        return cls(act(), act(), ids, torch.zeros(ids.shape, dtype=dtype, device=device))
+        stop = torch.zeros(max_batch, 2 * cfg.top_k, dtype=torch.long, device=device)
+        return cls(act(), act(), ids, torch.zeros(ids.shape, dtype=dtype, device=device), stop)
 
-    def write(self, b: int, h, x, ids, weights) -> None:
-        for dst, src in ((self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)):
+    def write(self, b: int, h, x, ids, weights, guess) -> None:
+        k = ids.shape[1]
+        pairs = (self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)
+        for dst, src in pairs + ((self.stop[:, :k], ids), (self.stop[:, k:], guess)):
             dst[:b].copy_(src)
 
 
@@ -94,8 +100,20 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
         return final_logits(model, h)
     layer = model.layers[last]
     h, x = layer.attend(h, batch)
-    dst.write(b, h, x, *layer.route(x))
-    return dst.ids[:b]
+    ids, weights = layer.route(x)
+    prefetch = layer.moe.prefetch_next and k + 1 < len(cuts)
+    guess = model.layers[cuts[k + 1]].route(x)[0] if prefetch else ids
+    dst.write(b, h, x, ids, weights, guess)
+    return dst.stop[:b]
+
+
+def stop(strategy, cuts: list[int], k: int, rows: list[list[int]]) -> None:
+    """The host's part at cut k, given the stop rows [B][2K] the stretch before it wrote."""
+    top_k = len(rows[0]) // 2
+    guess = None
+    if strategy.prefetch_next and k + 1 < len(cuts):
+        guess = (cuts[k + 1], [row[top_k:] for row in rows])
+    strategy.prepare(cuts[k], [row[:top_k] for row in rows], guess)
 
 
 class DecodeGraphs:
@@ -129,7 +147,7 @@ class DecodeGraphs:
             graph, out = stretches[k]
             graph.replay()
             if k < len(self.cuts):
-                self.strategy.prepare(self.cuts[k], out.tolist())  # the cut's one host sync
+                stop(self.strategy, self.cuts, k, out.tolist())  # the cut's one host sync
         return out.clone()  # graphs share one memory pool: the next replay may reuse `out`
 
     def _run(self, k: int, b: int, kv_len: int) -> torch.Tensor:

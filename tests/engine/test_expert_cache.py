@@ -92,3 +92,23 @@ def ref_moe(x, ids, weights, store):
             acc += weights[t, k] * (w2 @ (torch.nn.functional.silu(gate) * up))
         rows.append(acc)
     return torch.stack(rows)
+
+
+def test_prefetch_loads_ahead_and_counts_a_later_use_as_a_hit():
+    cache = ExpertCache(make_store(experts=8), num_slots=4, device="cpu")
+    cache.ensure(0, [0, 1])
+    cache.prefetch(1, [2, 3, 2], keep_layer=0)  # duplicates fetched once
+    assert (cache.prefetched, cache.loads, cache.misses) == (2, 4, 2)
+    cache.ensure(1, [2, 5])  # 2 was prefetched: a hit; 5 a miss, evicting layer 0's LRU
+    assert (cache.hits, cache.misses, cache.prefetch_hits) == (1, 3, 1)
+    assert int(cache.slot_table[1, 2]) == cache.slot_of(1, 2)
+
+
+def test_prefetch_never_evicts_the_layer_being_computed():
+    cache = ExpertCache(make_store(experts=8), num_slots=3, device="cpu")
+    cache.ensure(1, [0])
+    cache.ensure(0, [0, 1])  # LRU order: (1,0), (0,0), (0,1)
+    cache.prefetch(1, [4, 5, 6], keep_layer=0)  # may take (1,0)'s slot, not layer 0's
+    assert cache.prefetched == 1
+    assert cache.cached() == [(0, 0), (0, 1), (1, 4)]
+    assert int(cache.slot_table[1, 0]) == -1  # the evicted entry left the table

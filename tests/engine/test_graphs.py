@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ft.engine.config import EngineConfig
-from ft.engine.graphs import Handoff, cut_layers, decode_logits, kv_bucket, run_stretch
+from ft.engine.graphs import Handoff, cut_layers, decode_logits, kv_bucket, run_stretch, stop
 from ft.engine.runner import LLMEngine, SamplingParams
 
 PROMPTS = [[5, 9, 13], [40, 2, 77, 31, 8, 1, 6], [88]]
@@ -35,10 +35,11 @@ def decode_batch(engine):
     return engine._batch(seqs, is_prefill=False)
 
 
-def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, prefetch):
     config = EngineConfig(
         model=str(synth_tiny[0]), device="cpu", max_model_len=64, moe_strategy="offload",
-        moe_cache_size=14,
+        moe_cache_size=14, moe_prefetch=prefetch,
     )  # fmt: skip
     engine = LLMEngine(config)
     model, strategy = engine.model, engine.strategy
@@ -51,9 +52,12 @@ def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny):
     for k in range(len(cuts) + 1):
         out = run_stretch(model, cuts, k, buffers[k % 2], buffers[(k + 1) % 2], inputs)
         if k < len(cuts):
-            assert out.shape == (3, model.cfg.top_k)  # the cut's routed ids
-            strategy.prepare(cuts[k], out.tolist())
-    stretched_uses = strategy.counters()["expert_uses"] - uses
+            assert out.shape == (3, 2 * model.cfg.top_k)  # the cut's routed ids, the next's guess
+            stop(strategy, cuts, k, out.tolist())
+    counters = strategy.counters()
+    stretched_uses = counters["expert_uses"] - uses
+    assert (counters["experts_prefetched"] > 0) == prefetch
+    assert counters["cache_hits"] + counters["cache_misses"] == counters["expert_uses"]
     expected = model.forward(batch)  # eager: offload's own per-layer sync path
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)  # keys padded to 64 here
     assert strategy.counters()["expert_uses"] - uses == 2 * stretched_uses
@@ -85,10 +89,14 @@ def test_cuda_graphs_decode_like_eager(synth_tiny, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_offload_graphs_decode_like_eager(synth_tiny, monkeypatch):
-    config = dict(moe_strategy="offload", moe_cache_size=14)  # < 3 layers x 16: evictions
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_offload_graphs_decode_like_eager(synth_tiny, monkeypatch, prefetch):
+    config = dict(moe_strategy="offload", moe_cache_size=14, moe_prefetch=prefetch)  # evictions
     eager, eager_stats = generate(synth_tiny[0], monkeypatch, graphs=False, **config)
     graphed, graphed_stats = generate(synth_tiny[0], monkeypatch, graphs=True, **config)
     assert graphed == eager
-    for field in ("expert_uses", "cache_hits", "cache_misses", "bytes_fetched"):
-        assert getattr(graphed_stats, field) == getattr(eager_stats, field), field
+    assert graphed_stats.expert_uses == eager_stats.expert_uses
+    assert graphed_stats.cache_hits + graphed_stats.cache_misses == graphed_stats.expert_uses
+    if not prefetch:  # prefetching changes what is cached, so hits and bytes may differ
+        for field in ("cache_hits", "cache_misses", "bytes_fetched"):
+            assert getattr(graphed_stats, field) == getattr(eager_stats, field), field

@@ -11,6 +11,7 @@ never waits for the host and can be replayed from a CUDA graph.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 import torch
@@ -29,6 +30,10 @@ class ExpertCache:
         self._slot_of: OrderedDict[tuple[int, int], int] = OrderedDict()  # LRU first
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.hits = self.misses = self.evictions = self.bytes_fetched = 0
+        self.loads = self.prefetched = self.prefetch_hits = 0  # loads: every copy, prefetches too
+        self._prefetched_keys: set[tuple[int, int]] = set()  # prefetched, not used yet
+        self._unwaited: set[tuple[int, int]] = set()  # prefetched, the compute stream not waiting
+        self._prefetch_done: torch.cuda.Event | None = None
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
         shape = (len(store.w13), store.num_experts)  # [layers, E]
@@ -47,10 +52,52 @@ class ExpertCache:
             else:
                 self._slot_of.move_to_end((layer, expert))  # most recently used
                 self.hits += 1
+                self._wait_if_prefetched((layer, expert))
             slots.append(slot)
         if missing:
+            self.misses += len(missing)
             self._fetch(layer, missing, slots)
         return slots  # type: ignore[return-value]
+
+    def prefetch(self, layer: int, experts: list[int], keep_layer: int) -> None:
+        """Start copying the absent ones of these experts of `layer` into slots, ahead of need;
+        the compute stream waits for them only if `ensure` later asks for them. Stops rather
+        than evict an expert of `keep_layer` (the layer whose compute is queued next)."""
+        missing = [e for e in dict.fromkeys(experts) if (layer, e) not in self._slot_of]
+        missing = missing[: self._evictable(keep_layer, len(missing))]
+        if not missing:
+            return
+        self.prefetched += len(missing)
+        self._prefetched_keys.update((layer, e) for e in missing)
+        if self._copy_stream is None:
+            for expert in missing:
+                self._load(layer, expert, non_blocking=False)
+            return
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._copy_stream):
+            for expert in missing:
+                self._load(layer, expert, non_blocking=True)
+            self._prefetch_done = torch.cuda.Event()
+            self._prefetch_done.record(self._copy_stream)
+        self._unwaited.update((layer, e) for e in missing)
+
+    def _evictable(self, keep_layer: int, want: int) -> int:
+        """How many of `want` slots can be taken before one holding an expert of keep_layer."""
+        count = min(len(self._free), want)
+        for layer, _ in itertools.islice(self._slot_of, want - count):  # least recent first
+            if layer == keep_layer:
+                break
+            count += 1
+        return count
+
+    def _wait_if_prefetched(self, key: tuple[int, int]) -> None:
+        if key not in self._prefetched_keys:
+            return
+        self.prefetch_hits += 1
+        self._prefetched_keys.discard(key)
+        if key in self._unwaited:  # the copy stream is in order: one wait covers all of them
+            self._unwaited.clear()
+            torch.cuda.current_stream(self.device).wait_event(self._prefetch_done)
 
     def _fetch(self, layer: int, missing: list[tuple[int, int]], slots: list) -> None:
         if self._copy_stream is None:
@@ -72,15 +119,17 @@ class ExpertCache:
         self.w2[slot].copy_(self.store.w2[layer][expert], non_blocking=non_blocking)
         self._slot_of[(layer, expert)] = slot
         self._table[layer, expert] = slot
-        self.misses += 1
+        self.loads += 1
         self.bytes_fetched += self.store.expert_bytes
         return slot
 
     def _take_slot(self) -> int:
         if self._free:
             return self._free.pop()
-        (layer, expert), slot = self._slot_of.popitem(last=False)  # evict the least recently used
-        self._table[layer, expert] = -1
+        key, slot = self._slot_of.popitem(last=False)  # evict the least recently used
+        self._table[key] = -1
+        self._prefetched_keys.discard(key)  # prefetched and never used: wasted
+        self._unwaited.discard(key)
         self.evictions += 1
         return slot
 

@@ -45,8 +45,11 @@ class MoeStrategy:
         """Whether `pairs` routed (token, expert) pairs take the device work-list path."""
         return pairs <= MAX_DEVICE_PAIRS
 
-    def prepare(self, layer: int, topk_ids: list[list[int]]) -> None:
-        """host_stop strategies: make this layer's experts ready for `compute` (host side)."""
+    prefetch_next = False  # host_stop strategies: whether `prepare` takes the next layer's guess
+
+    def prepare(self, layer: int, topk_ids: list[list[int]], guess=None) -> None:
+        """host_stop strategies: make this layer's experts ready for `compute` (host side);
+        `guess`: (next MoE layer, ids [T][K] its router picks from this layer's input)."""
         raise NotImplementedError
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:

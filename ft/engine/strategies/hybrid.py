@@ -68,7 +68,7 @@ class HybridStrategy(OffloadStrategy):
         cpu_max_tokens: int = CPU_MAX_TOKENS,
         torch_threads_before: int | None = None,  # restored on close()
     ):
-        super().__init__(store, device, num_slots)
+        super().__init__(store, device, num_slots, prefetch=False)
         self.pool = pool
         self.max_fetch = max_fetch
         self.cpu_max_tokens = cpu_max_tokens
@@ -112,7 +112,7 @@ class HybridStrategy(OffloadStrategy):
         c, pool = self.cache, self.pool.stats
         return dict(
             cache_hits=c.hits, cache_misses=c.misses + self.experts_cpu_total,
-            experts_fetched=c.misses, bytes_fetched=c.bytes_fetched,
+            experts_fetched=c.loads, bytes_fetched=c.bytes_fetched,
             experts_cpu=pool.experts_in_pool, experts_cpu_inline=pool.experts_inline,
             expert_uses=self.expert_uses,
         )  # fmt: skip

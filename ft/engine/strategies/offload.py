@@ -20,9 +20,10 @@ class OffloadStrategy(MoeStrategy):
     name = "offload"
     host_stop = True
 
-    def __init__(self, store, device, num_slots: int):
+    def __init__(self, store, device, num_slots: int, prefetch: bool = True):
         super().__init__(store, device)
         self.cache = ExpertCache(store, num_slots, device)
+        self.prefetch_next = prefetch  # at a stop, also fetch what the next layer's router guesses
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         if not self.decode_fits(topk_ids.numel()):
@@ -33,11 +34,14 @@ class OffloadStrategy(MoeStrategy):
     def decode_fits(self, pairs: int) -> bool:
         return super().decode_fits(pairs) and pairs <= self.cache.num_slots
 
-    def prepare(self, layer: int, topk_ids: list[list[int]]) -> None:
+    def prepare(self, layer: int, topk_ids: list[list[int]], guess=None) -> None:
         experts = sorted({e for row in topk_ids for e in row})
         self.expert_uses += len(experts)
         self.cache.ensure(layer, experts)
         self.cache.publish(layer)
+        if guess is not None:  # (next MoE layer, its router's ids on this layer's input)
+            next_layer, ids = guess
+            self.cache.prefetch(next_layer, [e for row in ids for e in row], keep_layer=layer)
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         slots = self.cache.slot_table[layer][topk_ids]  # [T, K]
@@ -59,7 +63,8 @@ class OffloadStrategy(MoeStrategy):
     def counters(self) -> dict[str, int]:
         c = self.cache
         return dict(
-            cache_hits=c.hits, cache_misses=c.misses, experts_fetched=c.misses,
+            cache_hits=c.hits, cache_misses=c.misses, experts_fetched=c.loads,
             bytes_fetched=c.bytes_fetched, experts_cpu=0, experts_cpu_inline=0,
-            expert_uses=self.expert_uses,
+            expert_uses=self.expert_uses, experts_prefetched=c.prefetched,
+            prefetch_hits=c.prefetch_hits,
         )  # fmt: skip
