@@ -94,21 +94,15 @@ class Rope:
         self.cos, self.sin = emb.cos(), emb.sin()  # [M, d]
         self._last: tuple = (None, None, None)  # (positions, dtype, (cos, sin)) of the last call
 
-    def _tables(self, positions: torch.Tensor, dtype: torch.dtype):
-        """cos/sin at these positions, gathered once per forward: every layer passes the same
-        positions tensor (held here, so its identity cannot be reused by another)."""
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos/sin [T, 1, d] at these positions, gathered once per forward: every layer passes
+        the same positions tensor (held here, so its identity cannot be reused by another)."""
         last_positions, last_dtype, tables = self._last
         if positions is not last_positions or dtype != last_dtype:
             cos = self.cos[positions].to(dtype)[:, None, :]  # [T, 1, d]
             tables = (cos, self.sin[positions].to(dtype)[:, None, :])
             self._last = (positions, dtype, tables)
         return tables
-
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self._tables(positions, x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
 
 
 def attend(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:

@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 from ft.engine.attention import Batch, Span
-from ft.engine.model import rms_norm
 
 KV_BUCKET = 256  # keys per bucket: one graph serves every length up to its bucket
 
@@ -34,14 +33,10 @@ KV_BUCKET = 256  # keys per bucket: one graph serves every length up to its buck
 def decode_logits(model, tokens, positions, slots, kv_len: int) -> torch.Tensor:
     """One eager decode step (one new token per sequence) over `kv_len` keys -> logits [B, V]."""
     batch = _decode_batch(tokens, positions, slots, kv_len)
-    h = F.embedding(tokens, model.embed)
+    h, delta = F.embedding(tokens, model.embed), None
     for layer in model.layers:
-        h = layer.forward(h, batch)
-    return final_logits(model, h)
-
-
-def final_logits(model, h: torch.Tensor) -> torch.Tensor:
-    return F.linear(rms_norm(h, model.norm, model.cfg.rms_norm_eps), model.lm_head).float()
+        h, delta = layer.forward(h, delta, batch)
+    return model.logits(h, delta)
 
 
 def kv_bucket(longest: int, max_len: int) -> int:
@@ -88,18 +83,18 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     tokens, positions, slots, kv_len = inputs
     batch, b = _decode_batch(tokens, positions, slots, kv_len), tokens.shape[0]
     if k == 0:
-        h, first = F.embedding(tokens, model.embed), 0
+        h, delta, first = F.embedding(tokens, model.embed), None, 0
     else:
         cut = model.layers[cuts[k - 1]]
-        moe = cut.moe.compute(cut.index, src.x[:b], src.ids[:b], src.weights[:b])
-        h, first = src.h[:b] + moe, cut.index + 1
+        delta = cut.moe.compute(cut.index, src.x[:b], src.ids[:b], src.weights[:b])
+        h, first = src.h[:b], cut.index + 1
     last = cuts[k] if k < len(cuts) else len(model.layers)
     for layer in model.layers[first:last]:
-        h = layer.forward(h, batch)
+        h, delta = layer.forward(h, delta, batch)
     if k == len(cuts):
-        return final_logits(model, h)
+        return model.logits(h, delta)
     layer = model.layers[last]
-    h, x = layer.attend(h, batch)
+    h, x = layer.attend(h, delta, batch)
     ids, weights = layer.route(x)
     prefetch = layer.moe.prefetch_next and k + 1 < len(cuts)
     guess = model.layers[cuts[k + 1]].route(x)[0] if prefetch else ids

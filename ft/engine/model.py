@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from ft.engine.attention import Batch, Rope, attend
 from ft.engine.config import ModelConfig
+from ft.engine.experts.grouped import pick_backend
+from ft.engine.fused import add_rms_norm, qk_norm_rope, rope
 
 # short name -> HF name under `model.layers.{i}.`
 LAYER_TENSORS = {
@@ -24,12 +26,6 @@ LAYER_TENSORS = {
     "router": "mlp.gate.weight", "gate_proj": "mlp.gate_proj.weight",
     "up_proj": "mlp.up_proj.weight", "down_proj": "mlp.down_proj.weight",
 }  # fmt: skip
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's rounding (normalise in float32, cast, then scale), in 4 launches instead of 8."""
-    x32 = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
-    return weight * x32.to(x.dtype)
 
 
 def route(cfg: ModelConfig, router: torch.Tensor, x: torch.Tensor):
@@ -70,30 +66,33 @@ class DecoderLayer:
         fuse_attention_inputs(cfg, w)
         self.cfg, self.index, self.w, self.rope, self.moe = cfg, index, w, rope, moe
         self.k_cache, self.v_cache = kv  # [S, M, G, d] each: this layer's part of the KV cache
+        self.kernel = fused_kernel(w["ln1"].device, cfg.head_dim)  # "triton" | "torch"
 
     @property
     def is_moe(self) -> bool:
         return "router" in self.w
 
-    def forward(self, h: torch.Tensor, batch: Batch) -> torch.Tensor:
-        h, x = self.attend(h, batch)
-        return h + (self.sparse_mlp(x) if self.is_moe else self.dense_mlp(x))
+    def forward(self, h, delta, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream arrives and leaves as h + delta, so that each add is fused with
+        the RMSNorm after it: -> (h, the MLP's output)."""
+        h, x = self.attend(h, delta, batch)
+        return h, (self.sparse_mlp(x) if self.is_moe else self.dense_mlp(x))
 
-    def attend(self, h: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend(self, h, delta, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (the residual stream after attention, the MLP's normalised input)."""
-        h = h + self.attention(rms_norm(h, self.w["ln1"], self.cfg.rms_norm_eps), batch)
-        return h, rms_norm(h, self.w["ln2"], self.cfg.rms_norm_eps)
+        eps, kernel = self.cfg.rms_norm_eps, self.kernel
+        h, x = add_rms_norm(h, delta, self.w["ln1"], eps, kernel)
+        return add_rms_norm(h, self.attention(x, batch), self.w["ln2"], eps, kernel)
 
     def attention(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
         cfg, w, T, H, G = self.cfg, self.w, x.shape[0], self.cfg.num_heads, self.cfg.num_kv_heads  # noqa: N806
         qkv = F.linear(x, w["qkv"], w.get("qkv_bias")).view(T, H + 2 * G, cfg.head_dim)
-        qk, v = (
-            qkv[:, : H + G],
-            qkv[:, H + G :],
-        )  # q's and k's heads go through norm and RoPE together
+        qk, v = qkv[:, : H + G], qkv[:, H + G :]  # q's and k's heads: norm and RoPE together
+        cos, sin = self.rope.tables(batch.positions, x.dtype)
         if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
-            qk = rms_norm(qk, w["qk_norm"], cfg.rms_norm_eps)
-        qk = self.rope.apply(qk, batch.positions)
+            qk = qk_norm_rope(qk, w["qk_norm"], cos, sin, cfg.rms_norm_eps, self.kernel)
+        else:
+            qk = rope(qk, cos, sin)
         o = attend(qk[:, :H], qk[:, H:], v, self.k_cache, self.v_cache, batch)  # [T, H*d]
         return F.linear(o, w["o"], w.get("o_bias"))
 
@@ -129,8 +128,20 @@ class MoeModel:
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """-> logits [B, V] (float32) at the last token of each sequence."""
-        h = F.embedding(batch.token_ids, self.embed)  # [T, D]
+        h, delta = F.embedding(batch.token_ids, self.embed), None  # [T, D]
         for layer in self.layers:
-            h = layer.forward(h, batch)
-        last = h[batch.last_token_index]  # [B, D]
-        return F.linear(rms_norm(last, self.norm, self.cfg.rms_norm_eps), self.lm_head).float()
+            h, delta = layer.forward(h, delta, batch)
+        last = batch.last_token_index
+        return self.logits(h[last], delta[last])  # [B, V]
+
+    def logits(self, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """The final norm of the stream h + delta [B, D], and the LM head -> [B, V] float32."""
+        kernel = self.layers[0].kernel
+        _, x = add_rms_norm(h, delta, self.norm, self.cfg.rms_norm_eps, kernel)
+        return F.linear(x, self.lm_head).float()
+
+
+def fused_kernel(device: torch.device, head_dim: int) -> str:
+    """Triton for the fused norm kernels where the MoE kernels are Triton and d is a power of 2."""
+    power_of_two = head_dim & (head_dim - 1) == 0
+    return "triton" if pick_backend(device) == "triton" and power_of_two else "torch"

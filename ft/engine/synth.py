@@ -24,7 +24,8 @@ from ft.cpuinfo import allowed_cores
 from ft.engine.attention import Batch, Rope, Span
 from ft.engine.config import ModelConfig
 from ft.engine.experts.dispatch import add_expert, group_by_expert
-from ft.engine.model import LAYER_TENSORS, DecoderLayer, rms_norm
+from ft.engine.fused import rms_norm
+from ft.engine.model import LAYER_TENSORS, DecoderLayer
 from ft.engine.presets import preset_hf_config
 from ft.engine.shards import ShardWriter, shard_bytes
 from ft.engine.synth_tokenizer import build_tokenizer, save_tokenizer
