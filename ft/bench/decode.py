@@ -54,6 +54,7 @@ class DecodeBenchConfig:
     trace: str | None = None  # folder: profile a few extra decode steps per run (decode_trace)
     max_fetch: str = "auto"  # hybrid's --moe-hybrid-max-fetch
     cpu_moe_threads: int | None = None  # hybrid's pool size
+    expert_format: str | None = None  # None: the checkpoint's (given: checked against it)
 
     def __post_init__(self) -> None:
         known = available_strategies()
@@ -76,7 +77,9 @@ class DecodeBenchConfig:
 def run_decode_bench(cfg: DecodeBenchConfig, progress: Progress = lambda *_: None) -> dict:
     from ft.engine.config import EngineConfig
 
-    base = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype)  # resolves both
+    base = EngineConfig(
+        model=cfg.model, device=cfg.device, dtype=cfg.dtype, expert_format=cfg.expert_format
+    )  # resolves all three
     progress("loading experts into host memory", 0)
     store, shape = _load_store(base)
     bw = bandwidths(base.device, _profile_data(cfg.profile), quick=base.device == "cpu")
@@ -154,7 +157,7 @@ def _engine(cfg, base, strategy: str, store):
         gpu_memory_limit=cfg.gpu_memory_limit, max_num_seqs=max(cfg.batches),
         max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
         moe_hybrid_max_fetch=cfg.max_fetch, cpu_moe_threads=cfg.cpu_moe_threads,
-        bw_profile=cfg.profile,
+        bw_profile=cfg.profile, expert_format=base.expert_format,
     )  # fmt: skip
     return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared
 
@@ -245,6 +248,7 @@ def _report(cfg, base, bw: Bandwidths, shape, results) -> dict:
         "model": cfg.model,
         "device": base.device,
         "dtype": base.dtype,
+        "expert_format": base.expert_format,
         "machine": {"gpu": gpu, "cpu": cpuinfo.model_name(), "torch": torch.__version__,
                     "ft": __version__},
         "config": asdict(cfg),

@@ -19,6 +19,7 @@ class MoeStrategy:
         self.store = store
         self.expert_uses = 0  # (layer, expert) pairs routed to, one per layer per forward
         self.kernel = pick_backend(device)  # "triton" | "torch": how experts are computed
+        self.fmt = store.fmt  # expert format of every bank this strategy computes from
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         groups = group_by_expert(topk_ids, topk_weights, self.store.num_experts)  # one host sync
@@ -30,12 +31,13 @@ class MoeStrategy:
     def run_groups(self, layer, x, groups, out) -> None:
         raise NotImplementedError
 
-    def compute_groups(self, x, w13, w2, groups, slots: list[int], out) -> None:
+    def compute_groups(self, x, bank, groups, slots: list[int], out) -> None:
         """out += every group's experts, read from bank slots `slots`: one batched compute."""
         if not groups:
             return
         blocks = blocks_from_groups(groups, slots, x.device)
-        out += reduce_pairs(blocks, moe_pairs(x, w13, w2, blocks, self.kernel), x.shape[0])
+        y = moe_pairs(x, bank, blocks, self.kernel, self.fmt)  # [P, D]
+        out += reduce_pairs(blocks, y, x.shape[0])
 
     def device_counters(self) -> list[torch.Tensor]:
         """Counters kept on the device (saved around CUDA-graph warm-ups)."""

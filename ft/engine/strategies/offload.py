@@ -28,7 +28,7 @@ class OffloadStrategy(MoeStrategy):
     def compute_slots(self, x, groups, slots: list[int], out) -> None:
         """out += these expert groups, computed on the device from cache slots `slots`
         (slots[i] holds groups[i]'s expert), in one batched compute. Hybrid reuses it."""
-        self.compute_groups(x, self.cache.w13, self.cache.w2, groups, slots, out)
+        self.compute_groups(x, self.cache.bank, groups, slots, out)
 
     def counters(self) -> dict[str, int]:
         c = self.cache

@@ -20,8 +20,9 @@ class ResidentStrategy(MoeStrategy):
         super().__init__(store, device)
         device = torch.device(device)
         same = device.type == "cpu"  # the CPU "device" reads the host store in place
-        self.w13 = [w if w is None or same else w.to(device) for w in store.w13]
-        self.w2 = [w if w is None or same else w.to(device) for w in store.w2]
+        self.banks = [  # per layer: part -> [E, ...], slot = expert id
+            b if b is None or same else {k: t.to(device) for k, t in b.items()} for b in store.banks
+        ]
         self._uses_on_device = torch.zeros((), dtype=torch.long, device=device)
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
@@ -29,12 +30,12 @@ class ResidentStrategy(MoeStrategy):
             return super().forward(layer, x, topk_ids, topk_weights)
         blocks = blocks_on_device(topk_ids, topk_weights)  # slot = expert id
         self._uses_on_device += (blocks.block_slot >= 0).sum()  # distinct experts, no sync
-        y = moe_pairs(x, self.w13[layer], self.w2[layer], blocks, self.kernel)  # [P, D]
+        y = moe_pairs(x, self.banks[layer], blocks, self.kernel, self.fmt)  # [P, D]
         return reduce_pairs(blocks, y, x.shape[0]).to(x.dtype)
 
     def run_groups(self, layer, x, groups, out) -> None:
         slots = [g.expert for g in groups]
-        self.compute_groups(x, self.w13[layer], self.w2[layer], groups, slots, out)
+        self.compute_groups(x, self.banks[layer], groups, slots, out)
 
     def device_counters(self) -> list[torch.Tensor]:
         return [self._uses_on_device]
