@@ -289,6 +289,31 @@ def test_synthesized_checkpoint_uses_the_public_names(quantized_tiny, fmt):
     assert index["model.layers.0.self_attn.q_proj.weight"]  # dense weights: float, as before
 
 
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_the_loader_stacks_gate_over_up_as_the_contract_says(quantized_tiny, fmt):
+    from safetensors import safe_open
+
+    model_dir, form = quantized_tiny / fmt, FORMATS[fmt]
+    cfg = ModelConfig.from_dir(model_dir)
+    store = load_experts(CheckpointReader(model_dir), cfg, torch.float32)
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
+
+    def read(proj: str, suffix: str) -> torch.Tensor:
+        name = f"model.layers.1.mlp.experts.7.{proj}.{suffix}"
+        with safe_open(str(model_dir / index[name]), "pt") as f:
+            return f.get_tensor(name)
+
+    expert = store.expert(1, 7)
+    for suffix, part in form.tensors.items():
+        gate, up, down = (read(p, suffix) for p in ("gate_proj", "up_proj", "down_proj"))
+        half = expert["w13" + part].shape[0] // 2  # [I, ...], or [1] of a scalar scale_2
+        stacked = torch.cat((gate.reshape(half, -1), up.reshape(half, -1)))
+        assert torch.equal(expert["w13" + part].reshape(2 * half, -1).view(torch.uint8),
+                           stacked.view(torch.uint8)), suffix  # fmt: skip
+        assert torch.equal(expert["w2" + part].flatten().view(torch.uint8),
+                           down.flatten().view(torch.uint8)), suffix  # fmt: skip
+
+
 def rewrite(model_dir, name: str, tensor: torch.Tensor) -> None:
     """Replace (or add, beside the embedding) one tensor of a sharded checkpoint."""
     from safetensors.torch import load_file, save_file
@@ -323,6 +348,21 @@ def test_quantized_dense_projections_are_refused(quantized_tiny, tmp_path):
     cfg = ModelConfig.from_dir(model_dir)
     with pytest.raises(FtError, match=f"{name}: quantised dense projections are not supported"):
         load_dense(CheckpointReader(model_dir), cfg, "cpu", torch.float32)
+
+
+@pytest.mark.timeout(120)
+def test_bench_decode_counts_the_format_bytes(quantized_tiny):
+    model_dir = quantized_tiny / "nvfp4"
+    args = ["bench", "decode", "--json", "--model", str(model_dir), "--strategies", "offload",
+            "--tokens", "2", "--warmup", "1", "--moe-cache-rate", "0.25"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    (row,) = report["results"]
+    assert report["expert_format"] == "nvfp4" and row["error"] is None
+    step = row["per_step"]
+    assert step["expert_bytes"] == FORMATS["nvfp4"].expert_bytes(64, 32)
+    assert step["pcie_bytes"] == pytest.approx(step["experts_fetched"] * step["expert_bytes"])
 
 
 def test_expert_format_comes_from_the_checkpoint(quantized_tiny):
