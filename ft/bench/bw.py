@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 import torch
 
 from ft import __version__, cpuinfo
-from ft.bench.bw_formats import FORMATS, BenchFormat
+from ft.bench.bw_formats import ENGINE_FORMAT_NAMES, FORMATS, BenchFormat
 from ft.bench.bw_links import (
     Sample,
     SlotGather,
@@ -37,7 +37,7 @@ NO_GPU_NOTE = "no CUDA GPU: PCIe not measured, so hybrid cannot be recommended"
 
 @dataclass(frozen=True)
 class BwConfig:
-    formats: tuple[str, ...] = ("bf16",)
+    formats: tuple[str, ...] = ENGINE_FORMAT_NAMES  # bf16, int8, fp8_block, nvfp4
     threads: int | None = None  # CPU MoE pool threads (default: physical cores - 1)
     threshold: float = DEFAULT_THRESHOLD
     quick: bool = False  # small synthetic experts, few samples: under a minute on 2 cores
@@ -108,8 +108,8 @@ def run_bw(cfg: BwConfig, on_stage: Callable[[str], None] = lambda _: None) -> d
 
 def measure_format(fmt: BenchFormat, cfg: BwConfig, pool: CpuMoeExecutor, device, on_stage) -> dict:
     on_stage(f"{fmt.name}: synthetic experts")
-    w13, w2 = fmt.make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=device is not None)
-    bench = _FormatBench(fmt, cfg, pool, w13, w2, device)
+    bank = fmt.make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=device is not None)
+    bench = _FormatBench(fmt, cfg, pool, bank, device)
     kernel = {
         "expert_bytes": fmt.expert_bytes(cfg.hidden, cfg.inter),
         "synth_experts": cfg.synth_experts,
@@ -127,8 +127,8 @@ def measure_format(fmt: BenchFormat, cfg: BwConfig, pool: CpuMoeExecutor, device
         on_stage(f"{fmt.name}: CPU MoE pool")
         kernel["cpu_moe_gbs"] = median_gbs(bench.cpu_samples(cfg.warmup + cfg.samples), cfg.warmup)
         kernel["cpu_moe_isa"] = cpuinfo.best_isa()
-        kernel["cpu_moe_compute"] = describe_compute(pool.compute, w13.dtype)  # float32 / native
-        if not cfg.quick and w13.dtype != torch.float32:
+        kernel["cpu_moe_compute"] = describe_compute(pool.compute, fmt.dtype)  # float32 / native
+        if not cfg.quick and fmt.dtype != torch.float32:
             on_stage(f"{fmt.name}: compute path sweep")
             kernel["isa_sweep"] = bench.compute_sweep()
     if device is None:
@@ -147,14 +147,12 @@ def measure_format(fmt: BenchFormat, cfg: BwConfig, pool: CpuMoeExecutor, device
 class _FormatBench:
     """The decode-batch steps of one format: pool submits, slot gathers, and both at once."""
 
-    def __init__(self, fmt, cfg: BwConfig, pool, w13, w2, device) -> None:
-        self.cfg, self.pool, self.w13, self.w2 = cfg, pool, w13, w2
+    def __init__(self, fmt: BenchFormat, cfg: BwConfig, pool, bank: dict, device) -> None:
+        self.fmt, self.cfg, self.pool, self.bank = fmt, cfg, pool, bank
         self.expert_bytes = fmt.expert_bytes(cfg.hidden, cfg.inter)
-        self.x = torch.randn(1, cfg.hidden)  # decode batch: one token
+        self.x = torch.randn(1, cfg.hidden, dtype=fmt.dtype)  # decode batch: one token
         self.rows, self.weights = torch.zeros(1, dtype=torch.long), torch.ones(1)
-        self.gather = (
-            None if device is None else SlotGather(w13, w2, 2 * cfg.experts_per_step, device)
-        )
+        self.gather = None if device is None else SlotGather(bank, 2 * cfg.experts_per_step, device)
         self._cursor = {"cpu": 0, "gpu": cfg.synth_experts // 2}  # the two sides read apart
 
     def _next_experts(self, side: str) -> list[int]:
@@ -165,7 +163,11 @@ class _FormatBench:
 
     def cpu_step(self, pool: CpuMoeExecutor | None = None) -> int:
         experts = self._next_experts("cpu")
-        jobs = [ExpertJob(self.w13[e], self.w2[e], self.rows, self.weights) for e in experts]
+        jobs = [
+            ExpertJob({k: t[e] for k, t in self.bank.items()}, self.rows, self.weights,
+                      self.fmt.form.name)
+            for e in experts
+        ]  # fmt: skip
         (pool or self.pool).submit(self.x, jobs).wait()
         return len(jobs) * self.expert_bytes
 
@@ -181,7 +183,7 @@ class _FormatBench:
         for mode in ("float32", "native"):
             with CpuMoeExecutor(cores=self.pool.cores, compute=mode) as pool:
                 samples = self.cpu_samples(self.cfg.warmup + self.cfg.samples, pool)
-            sweep[describe_compute(mode, self.w13.dtype)] = median_gbs(samples, self.cfg.warmup)
+            sweep[describe_compute(mode, self.fmt.dtype)] = median_gbs(samples, self.cfg.warmup)
         return sweep
 
     def overlapped(self) -> tuple[float | None, float | None]:

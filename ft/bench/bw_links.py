@@ -69,24 +69,27 @@ def pcie_linear_gbs(
 
 
 class SlotGather:
-    """Device cache slots w13 [N, 2I, D] / w2 [N, D, I], filled on a side stream."""
+    """Device cache slots, a bank like the engine's (part -> [N, ...]: w13 [N, 2I, D], w2
+    [N, D, I] and the format's scales), filled on a side stream from a pinned host bank."""
 
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, slots: int, device: torch.device):
-        self.host_w13, self.host_w2 = w13, w2  # [E, 2I, D], [E, D, I] pinned host
-        self.w13 = torch.empty((slots, *w13.shape[1:]), dtype=w13.dtype, device=device)
-        self.w2 = torch.empty((slots, *w2.shape[1:]), dtype=w2.dtype, device=device)
+    def __init__(self, host: dict[str, torch.Tensor], slots: int, device: torch.device):
+        self.host = host  # part -> [E, ...] pinned host
+        self.bank = {
+            name: torch.empty((slots, *t.shape[1:]), dtype=t.dtype, device=device)
+            for name, t in host.items()
+        }
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # CPU: tests
-        self.expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in host.values())
+        self.slots = slots
         self._next_slot = 0
 
     def fetch(self, experts: list[int]) -> int:
         """Copy these experts into the next slots (each into its own slot), wait; bytes moved."""
-        slots = self.w13.shape[0]
         with torch.cuda.stream(self.stream) if self.stream else nullcontext():
             for e in experts:
-                s, self._next_slot = self._next_slot, (self._next_slot + 1) % slots
-                self.w13[s].copy_(self.host_w13[e], non_blocking=True)
-                self.w2[s].copy_(self.host_w2[e], non_blocking=True)
+                s, self._next_slot = self._next_slot, (self._next_slot + 1) % self.slots
+                for name, dst in self.bank.items():  # every part, as the engine's cache
+                    dst[s].copy_(self.host[name][e], non_blocking=True)
         if self.stream:
             self.stream.synchronize()
         return len(experts) * self.expert_bytes

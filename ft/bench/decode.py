@@ -55,6 +55,7 @@ class DecodeBenchConfig:
     max_fetch: str = "auto"  # hybrid's --moe-hybrid-max-fetch
     cpu_moe_threads: int | None = None  # hybrid's pool size
     moe_prefetch: bool = True  # offload, graphed: prefetch the next layer's guessed misses
+    expert_format: str | None = None  # None: the checkpoint's (given: checked against it)
 
     def __post_init__(self) -> None:
         known = available_strategies()
@@ -77,7 +78,9 @@ class DecodeBenchConfig:
 def run_decode_bench(cfg: DecodeBenchConfig, progress: Progress = lambda *_: None) -> dict:
     from ft.engine.config import EngineConfig
 
-    base = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype)  # resolves both
+    base = EngineConfig(
+        model=cfg.model, device=cfg.device, dtype=cfg.dtype, expert_format=cfg.expert_format
+    )  # resolves all three
     progress("loading experts into host memory", 0)
     store, shape = _load_store(base)
     bw = bandwidths(base.device, _profile_data(cfg.profile), quick=base.device == "cpu")
@@ -155,7 +158,7 @@ def _engine(cfg, base, strategy: str, store):
         gpu_memory_limit=cfg.gpu_memory_limit, max_num_seqs=max(cfg.batches),
         max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
         moe_hybrid_max_fetch=cfg.max_fetch, cpu_moe_threads=cfg.cpu_moe_threads,
-        moe_prefetch=cfg.moe_prefetch, bw_profile=cfg.profile,
+        moe_prefetch=cfg.moe_prefetch, bw_profile=cfg.profile, expert_format=base.expert_format,
     )  # fmt: skip
     return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared
 
@@ -246,6 +249,7 @@ def _report(cfg, base, bw: Bandwidths, shape, results) -> dict:
         "model": cfg.model,
         "device": base.device,
         "dtype": base.dtype,
+        "expert_format": base.expert_format,
         "machine": {"gpu": gpu, "cpu": cpuinfo.model_name(), "torch": torch.__version__,
                     "ft": __version__},
         "config": asdict(cfg),

@@ -30,8 +30,13 @@ def bench_bw(
         bool, typer.Option("--quick", help="Small synthetic experts, few samples (< 1 min).")
     ] = False,
     formats: Annotated[
-        str, typer.Option("--formats", help="Expert formats to measure, comma-separated.")
-    ] = "bf16",
+        str,
+        typer.Option(
+            "--formats",
+            help="Expert formats to measure, comma-separated: bf16, int8, fp8_block, nvfp4 "
+            "(the default: all), fp32 (the pool's float32 ceiling).",
+        ),
+    ] = "bf16,int8,fp8_block,nvfp4",
     threads: Annotated[
         int | None,
         typer.Option("--threads", help="CPU MoE pool threads (default: physical cores - 1)."),

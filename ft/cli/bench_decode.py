@@ -71,6 +71,7 @@ def bench_decode(
         gpu_memory_limit=engine.gpu_memory_limit, device=engine.device, dtype=engine.dtype,
         max_fetch=engine.moe_hybrid_max_fetch, cpu_moe_threads=engine.cpu_moe_threads,
         moe_prefetch=engine.moe_prefetch,
+        expert_format=engine.expert_format,
         profile=str(profile) if profile else None, peer=peer,
         trace=str(trace) if trace else None,
     )  # fmt: skip
@@ -102,7 +103,8 @@ def _mb(step: dict, key: str) -> str:
 
 def render(report: dict, console: Console) -> None:
     table = Table(
-        title=f"ft bench decode: {report['model']} ({report['device']}, {report['dtype']})"
+        title=f"ft bench decode: {report['model']} ({report['device']}, {report['dtype']}, "
+        f"experts {report.get('expert_format', 'bf16')})"
     )
     heads = ("strategy", "batch", "tok/s", "roofline", "ratio", "bound", "HBM MB",
              "PCIe MB", "host MB", "note")  # fmt: skip

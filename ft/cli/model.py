@@ -31,6 +31,14 @@ def synth(
         str, typer.Option("--dtype", help="bfloat16 | float16 | float32.")
     ] = "bfloat16",
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    expert_format: Annotated[
+        str,
+        typer.Option(
+            "--expert-format",
+            help="bf16 | int8 | fp8_block | nvfp4: routed experts quantised as public "
+            "checkpoints store them (dense weights stay --dtype).",
+        ),
+    ] = "bf16",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Write a synthetic Qwen3-MoE checkpoint (HF layout) and print its measured routing."""
@@ -42,11 +50,14 @@ def synth(
     with Progress(console=Console(stderr=True), transient=True, disable=json_out) as progress:
         task = progress.add_task(f"synth {preset} -> {out}", total=None)
         on_layer = lambda done, total: progress.update(task, completed=done, total=total)  # noqa: E731
-        stats = synth_checkpoint(preset, out, layers, experts, dtype, seed, on_layer)
+        stats = synth_checkpoint(
+            preset, out, layers, experts, dtype, seed, on_layer, expert_format=expert_format
+        )
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     if json_out:
-        typer.echo(json.dumps({"out": str(out), "bytes": size, **stats.__dict__}))
+        report = {"out": str(out), "bytes": size, "expert_format": expert_format}
+        typer.echo(json.dumps({**report, **stats.__dict__}))
         return
     shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
-    typer.echo(f"wrote {out} ({shown}, preset {preset})")
+    typer.echo(f"wrote {out} ({shown}, preset {preset}, experts {expert_format})")
     typer.echo(stats.describe())

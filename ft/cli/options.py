@@ -32,6 +32,14 @@ class EngineFlags:
             "--dtype", help="bfloat16 | float16 | float32 (default: bf16 on cuda, fp32 on cpu)."
         ),
     ] = None
+    expert_format: Annotated[
+        str | None,
+        typer.Option(
+            "--expert-format",
+            help="bf16 | int8 | fp8_block | nvfp4: the routed experts' format. Default: the "
+            "checkpoint's (config.json quantization_config); another is an error.",
+        ),
+    ] = None
     moe_strategy: Annotated[
         str,
         typer.Option(

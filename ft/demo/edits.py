@@ -73,7 +73,7 @@ HYBRID = "ft/engine/strategies/hybrid.py"
 PLANTED_FUNCTION = "_cpu_experts"  # the inline function the diagnosis must name
 
 _SUBMIT_OLD = """\
-        jobs = expert_jobs(self.store.w13[layer], self.store.w2[layer], ids, weights, experts)
+        jobs = expert_jobs(self.store.banks[layer], ids, weights, experts, self.fmt)
         self.experts_cpu_total += len(jobs)
         return self.pool.submit(x_host, jobs)
 """
@@ -83,7 +83,7 @@ _SUBMIT_NEW = """\
 
     def _cpu_experts(self, layer, x, ids, weights, experts) -> torch.Tensor:
         \"\"\"The CPU share in one pass over the layer's fp32 weights: no pool round trip.\"\"\"
-        w13, w2 = self.store.w13[layer].float(), self.store.w2[layer].float()  # [E, 2I, D]
+        w13, w2 = self.store.dequantize(layer, torch.float32)  # [E, 2I, D], [E, D, I]
         inter, out = w2.shape[2], torch.zeros_like(x)  # [T, D]
         for e in experts:
             tokens, slots = (ids == e).nonzero(as_tuple=True)  # [n], [n]

@@ -49,15 +49,16 @@ def demo_model(say: Say) -> Path:
 
 
 def measure_profile(config: DemoConfig, say: Say) -> ProfileChoice:
-    """`ft bench bw --quick` into OUT/benchbw.json; also the user's default profile only where
-    there is none."""
+    """`ft bench bw --quick --formats bf16` into OUT/benchbw.json; also the user's default
+    profile only where there is none."""
     from ft.bench.bw import BwConfig, run_bw
     from ft.bench.profile import default_path
 
     default = default_path()
     wrote_default = not default.exists()
     device = "cuda" if config.device == "cuda" else None
-    profile = run_bw(BwConfig(quick=True, device=device), lambda stage: say(f"bench bw: {stage}"))
+    bw = BwConfig(formats=("bf16",), quick=True, device=device)  # the demo's model is float
+    profile = run_bw(bw, lambda stage: say(f"bench bw: {stage}"))
     path = config.out / "benchbw.json"
     write_json_atomic(path, profile)
     if wrote_default:

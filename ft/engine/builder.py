@@ -96,6 +96,8 @@ def check_store(store: HostExpertStore, cfg: ModelConfig, dtype) -> None:
         raise FtError("the given expert store does not match the checkpoint's expert shape")
     if store.dtype != dtype:
         raise FtError(f"the given expert store is {store.dtype}, the engine runs {dtype}")
+    if store.fmt != cfg.expert_format:
+        raise FtError(f"the given expert store is {store.fmt}, the checkpoint {cfg.expert_format}")
 
 
 def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from ft.errors import FtError
 ARCHITECTURES = {"Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral"}
 STRATEGIES = ("resident", "offload", "hybrid", "auto")  # auto resolves to one of the others
 DTYPES = ("bfloat16", "float16", "float32")
-EXPERT_FORMATS = ("bf16",)  # float experts in the checkpoint's dtype, computed with torch
+EXPERT_FORMATS = ("bf16", "int8", "fp8_block", "nvfp4")  # ft.engine.formats.FORMATS, torch-free
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class ModelConfig:
     eos_token_id: int | None = None
     torch_dtype: str = "bfloat16"
     sliding_window: int | None = None  # the engine caps max_model_len here (no windowed attention)
+    expert_format: str = "bf16"  # of the routed experts, from quantization_config
 
     @property
     def qk_norm(self) -> bool:
@@ -136,7 +137,14 @@ def _parse(raw: dict, model_type: str) -> ModelConfig:
         eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
         torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"),
         sliding_window=_sliding_window(raw, qwen),
+        expert_format=_expert_format(raw),
     )
+
+
+def _expert_format(raw: dict) -> str:
+    from ft.engine.formats import format_of  # torch: only where a checkpoint is read
+
+    return format_of(raw.get("quantization_config"))
 
 
 def _sliding_window(raw: dict, qwen: bool) -> int | None:
@@ -154,7 +162,7 @@ class EngineConfig:
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
     moe_strategy: str = "resident"
-    expert_format: str = "bf16"
+    expert_format: str | None = None  # None: the checkpoint's; given: must be the checkpoint's
     moe_cache_size: int | None = None
     moe_cache_rate: float | None = None
     moe_cache_auto: bool = False
@@ -174,12 +182,26 @@ class EngineConfig:
         default_dtype = "bfloat16" if self.device == "cuda" else "float32"
         object.__setattr__(self, "dtype", self.dtype or default_dtype)
         check_choice("dtype", self.dtype, DTYPES)
-        check_choice("expert_format", self.expert_format, EXPERT_FORMATS)
+        self._resolve_expert_format()
         check_choice("moe_strategy", self.moe_strategy, STRATEGIES)
         self._check_hybrid_flags()
         self._check_numbers()
         self._check_cache_flags()
         self._check_cache_fits_model()
+
+    def _resolve_expert_format(self) -> None:
+        """The checkpoint's format (config.json quantization_config); a different one asked for
+        is a user error, not a conversion."""
+        given = self.expert_format
+        if given is not None:
+            check_choice("expert_format", given, EXPERT_FORMATS)
+        found = _checkpoint_format(self.model)
+        if given is not None and found is not None and given != found:
+            raise FtError(
+                f"--expert-format {given} disagrees with the checkpoint, whose experts are "
+                f"{found} (config.json quantization_config)"
+            )
+        object.__setattr__(self, "expert_format", found or given or "bf16")
 
     def _check_numbers(self) -> None:
         for name in ("moe_cache_size", "kv_reserve_tokens", "max_model_len"):
@@ -228,6 +250,16 @@ class EngineConfig:
         order = ["moe_strategy", "expert_format", "device"]
         shown.sort(key=lambda s: order.index(s.split("=")[0]) if s.split("=")[0] in order else 9)
         return ", ".join(shown)
+
+
+def _checkpoint_format(model: str) -> str | None:
+    """None where there is no readable config.json yet (the engine's load reports that)."""
+    if not (Path(model) / "config.json").is_file():
+        return None
+    try:
+        return ModelConfig.from_dir(model).expert_format
+    except FtError:
+        return None
 
 
 def _resolve_device(device: str | None) -> str:

@@ -36,6 +36,7 @@ from ft.engine.cpu_moe_threads import (  # noqa: F401  (log helpers: for the eng
     pin_to_core,
     ready_line,
 )
+from ft.engine.formats import get_format
 from ft.errors import FtError
 from ft.log import get_logger
 
@@ -48,10 +49,14 @@ THREAD_PREFIX = "ft-cpu-moe-"
 class ExpertJob:
     """One expert's work in a layer: the tokens `rows` of x routed to it, with their weights."""
 
-    w13: torch.Tensor  # [2I, D] host: rows 0..I-1 gate, I..2I-1 up
-    w2: torch.Tensor  # [D, I] host
+    parts: dict[str, torch.Tensor]  # the expert's parts, host (bf16: w13 [2I, D], w2 [D, I])
     rows: torch.Tensor  # [n] long, indices into x
     weights: torch.Tensor  # [n] router weights
+    fmt: str = "bf16"  # expert format of `parts` (ft.engine.formats)
+
+    @property
+    def inter(self) -> int:
+        return self.parts["w13"].shape[0] // 2  # I: w13 has 2I rows in every format
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,8 @@ class CpuMoeExecutor:
         want = math.ceil(self.threads * self.tasks_per_thread / max(len(jobs), 1))
         slices = []
         for job in jobs:
-            blocks = split_range(job.w2.shape[1], want, self.min_slice)
+            align = get_format(job.fmt).align
+            blocks = split_range(job.inter, want, self.min_slice, align)
             slices += make_slices(job, x, self.compute, blocks)
         return slices
 
@@ -208,7 +214,7 @@ class CpuMoeExecutor:
         forced = "forced (--cpu-moe-inline / FT_CPU_MOE_INLINE)"
         reason = forced if self.force_inline else "the pool is closed"
         for job in jobs:
-            (whole,) = make_slices(job, x, self.compute, [(0, job.w2.shape[1])])
+            (whole,) = make_slices(job, x, self.compute, [(0, job.inter)])
             run_slice(whole, handle.partial(0), scratch={})
         handle.ran_on.add(threading.current_thread().name)
         self._inline += len(jobs)
@@ -250,15 +256,18 @@ class CpuMoeExecutor:
 
 def _check_on_cpu(x: torch.Tensor, jobs: list[ExpertJob]) -> None:
     """Fail in the caller, not later in a worker: everything the pool reads is host memory."""
-    tensors = [("x", x)] + [(f"jobs[{i}].{n}", getattr(j, n)) for i, j in enumerate(jobs)
-                            for n in ("w13", "w2", "rows", "weights")]  # fmt: skip
+    tensors = [("x", x)] + [(f"jobs[{i}].{n}", t) for i, j in enumerate(jobs)
+                            for n, t in (*j.parts.items(), ("rows", j.rows),
+                                         ("weights", j.weights))]  # fmt: skip
     for name, t in tensors:
         if t.device.type != "cpu":
             raise ValueError(f"CpuMoeExecutor.submit: {name} is on {t.device}, needs the CPU")
 
 
-def split_range(n: int, parts: int, min_size: int) -> list[tuple[int, int]]:
-    """[0, n) cut into at most `parts` near-equal blocks of at least min_size (one if n small)."""
-    parts = max(1, min(parts, n // max(min_size, 1)))
-    bounds = [round(i * n / parts) for i in range(parts + 1)]
+def split_range(n: int, parts: int, min_size: int, align: int = 1) -> list[tuple[int, int]]:
+    """[0, n) cut into at most `parts` near-equal blocks of at least min_size (one if n small),
+    every bound a multiple of `align` (n itself is one)."""
+    units = n // align  # cut in whole units of `align`
+    parts = max(1, min(parts, n // max(min_size, 1), max(units, 1)))
+    bounds = [round(i * units / parts) * align for i in range(parts)] + [n]
     return list(zip(bounds[:-1], bounds[1:], strict=True))

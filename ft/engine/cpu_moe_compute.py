@@ -13,6 +13,11 @@ would double host memory exactly where host memory holds every expert (the offlo
 an AVX-512-BF16/AMX Xeon (one thread, H=2048, I=768, batch 1, blocks of 384 rows) it computes
 5.0 GB/s of expert bytes against 3.2 for the fp32 conversion. "auto" picks native where the CPU
 has bf16 dot products in hardware, float32 elsewhere.
+
+Quantised experts (int8, fp8_block, nvfp4) take the conversion path: the format dequantises the
+block into the same scratch buffers, in the compute dtype, and the block is multiplied as above.
+Their "weight dtype" is the activations' (x's) dtype: native bf16 where the CPU has bf16 dot
+products and x is bf16, float32 otherwise (an fp32 model stays exact).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ft import cpuinfo
+from ft.engine.formats import ExpertFormat, get_format
 
 if TYPE_CHECKING:
     from ft.engine.cpu_moe import ExpertJob
@@ -43,15 +49,18 @@ class Slice:
     compute: torch.dtype
     first: bool  # the block that counts the expert once in the stats
     dense: bool  # x has one row, so rows == [0]: a plain add instead of index_add
+    form: ExpertFormat  # the job's expert format
+    direct: bool  # bf16 parts already in the compute dtype: multiplied in place, no copy
 
 
 def expert_jobs(
-    w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-    experts: list[int],
+    bank: dict[str, torch.Tensor], topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    experts: list[int], fmt: str = "bf16",
 ) -> list[ExpertJob]:  # fmt: skip
     """One ExpertJob per expert in `experts`, from a layer's routing (all on the CPU).
 
-    w13 [E, 2I, D] and w2 [E, D, I] are the layer's host store; topk_ids / topk_weights [T, K].
+    `bank` is the layer's host store (part -> [E, ...], format `fmt`); topk_ids /
+    topk_weights [T, K].
     """
     from ft.engine.cpu_moe import ExpertJob
 
@@ -60,7 +69,8 @@ def expert_jobs(
         tokens, slots = (topk_ids == e).nonzero(as_tuple=True)  # [n], [n]
         if tokens.numel():
             weights = topk_weights[tokens, slots].float()  # [n]
-            jobs.append(ExpertJob(w13=w13[e], w2=w2[e], rows=tokens, weights=weights))
+            parts = {name: t[e] for name, t in bank.items()}
+            jobs.append(ExpertJob(parts=parts, rows=tokens, weights=weights, fmt=fmt))
     return jobs
 
 
@@ -68,11 +78,16 @@ def make_slices(
     job: ExpertJob, x: torch.Tensor, mode: str, blocks: list[tuple[int, int]]
 ) -> list[Slice]:
     """The job's blocks, sharing its gathered tokens and weights (made once, on the caller)."""
-    compute = choose_compute(mode, job.w13.dtype)
+    form = get_format(job.fmt)
+    weight_dtype = x.dtype if form.quantized else job.parts["w13"].dtype
+    compute = choose_compute(mode, weight_dtype)
+    direct = not form.quantized and weight_dtype == compute
     xj = x.index_select(0, job.rows).to(compute)  # [n, D]
     scale = job.weights.to(compute)[:, None]  # [n, 1]
     dense = x.shape[0] == 1
-    return [Slice(job, xj, scale, lo, hi, compute, lo == 0, dense) for lo, hi in blocks]
+    return [
+        Slice(job, xj, scale, lo, hi, compute, lo == 0, dense, form, direct) for lo, hi in blocks
+    ]
 
 
 @cache
@@ -94,20 +109,18 @@ def describe_compute(mode: str, weight_dtype: torch.dtype) -> str:
 
 def run_slice(sl: Slice, acc: torch.Tensor, scratch: dict) -> None:
     """acc[rows] += weights * (the block's share of FFN(x[rows])); acc is [T, D] float32."""
-    w13, w2, s = sl.job.w13, sl.job.w2, sl.hi - sl.lo
-    inter = w2.shape[1]
-    if w13.dtype == sl.compute:
+    parts, s, hidden = sl.job.parts, sl.hi - sl.lo, sl.x.shape[1]
+    if sl.direct:
+        w13, w2, inter = parts["w13"], parts["w2"], sl.job.inter
         gate = sl.x @ w13[sl.lo : sl.hi].T  # [n, s]
         up = sl.x @ w13[inter + sl.lo : inter + sl.hi].T  # [n, s]
         down = w2[:, sl.lo : sl.hi]  # [D, s]
-    else:  # convert this block only, into buffers that stay in cache
-        gu = _buffer(scratch, "gu", (2 * s, w13.shape[1]), sl.compute)  # [2s, D]
-        gu[:s].copy_(w13[sl.lo : sl.hi])
-        gu[s:].copy_(w13[inter + sl.lo : inter + sl.hi])
+    else:  # convert / dequantise this block only, into buffers that stay in cache
+        gu = _buffer(scratch, "gu", (2 * s, hidden), sl.compute)  # [2s, D]: gate rows, up rows
+        down = _buffer(scratch, "down", (hidden, s), sl.compute)  # [D, s]
+        sl.form.dequant_block(parts, sl.lo, sl.hi, gu, down)
         h = sl.x @ gu.T  # [n, 2s]
         gate, up = h[:, :s], h[:, s:]
-        down = _buffer(scratch, "down", (w2.shape[0], s), sl.compute)  # [D, s]
-        down.copy_(w2[:, sl.lo : sl.hi])
     act = F.silu(gate).mul_(up).mul_(sl.scale)  # [n, s]
     out = (act @ down.T).float()  # [n, D]
     if sl.dense:

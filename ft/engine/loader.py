@@ -1,7 +1,10 @@
 """Reads a Hugging Face safetensors checkpoint: dense weights to the device, routed experts
 into the host expert store. Reads every expert layout real checkpoints use: per-expert
 (`mlp.experts.{e}.gate_proj/up_proj/down_proj`, Mixtral `block_sparse_moe.experts.{e}.w1/w3/w2`)
-and fused 3-D (`experts.gate_up_proj` [E, 2I, D], `experts.down_proj` [E, D, I])."""
+and fused 3-D (`experts.gate_up_proj` [E, 2I, D], `experts.down_proj` [E, D, I]). Quantised
+experts (config.json's quantization_config names the format) are read per expert, each
+projection's weight and scale tensors under the names the format's public checkpoints use,
+and kept quantised in the store. Dense projections must be float (routed experts only)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from ft.errors import FtError
 # per-expert names: (gate, up, down) under `{prefix}.experts.{e}.`
 _EXPERT_NAMES = {"qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "mixtral": ("w1", "w3", "w2")}
 _MOE_PREFIXES = ("mlp", "block_sparse_moe")
+_SCALE_SUFFIXES = ("weight_scale", "weight_scale_inv", "weight_scale_2", "input_scale")
 
 
 class CheckpointReader:
@@ -85,6 +89,11 @@ def load_dense(
     """Every non-expert tensor, on the device in the engine's dtype, under its HF name."""
     weights = {}
     for name in reader.names():
+        if name.endswith(_SCALE_SUFFIXES) and not is_routed_expert(name):
+            raise FtError(
+                f"{name}: quantised dense projections are not supported (the engine reads "
+                "quantised routed experts only; dense weights must be float)"
+            )
         if not is_routed_expert(name):
             weights[_canonical(name)] = reader.get(name).to(device=device, dtype=dtype)
     if "lm_head.weight" not in weights:
@@ -100,14 +109,33 @@ def _canonical(name: str) -> str:
 
 
 def load_experts(reader: CheckpointReader, cfg: ModelConfig, dtype) -> HostExpertStore:
-    """All routed experts into host memory, in the contract layout."""
+    """All routed experts into host memory, in the contract layout of cfg.expert_format."""
     store = HostExpertStore.allocate(
         cfg.num_layers, cfg.moe_layers, cfg.num_experts, cfg.hidden_size,
-        cfg.moe_intermediate_size, dtype,
+        cfg.moe_intermediate_size, dtype, cfg.expert_format,
     )  # fmt: skip
     for layer in cfg.moe_layers:
-        _fill_layer(reader, cfg, layer, store.w13[layer], store.w2[layer])
+        bank = store.banks[layer]
+        if store.format.quantized:
+            _fill_quantized(reader, cfg, layer, store)
+        else:
+            _fill_layer(reader, cfg, layer, bank["w13"], bank["w2"])
     return store
+
+
+def _fill_quantized(reader, cfg: ModelConfig, layer: int, store: HostExpertStore) -> None:
+    """Per-expert tensors `{base}.{e}.{proj}.{suffix}`, as the format names them."""
+    form, base = store.format, f"model.layers.{layer}.{cfg.moe_prefix}.experts"
+    names = dict(zip(("gate", "up", "down"), _EXPERT_NAMES[cfg.model_type], strict=True))
+    if not reader.has(f"{base}.0.{names['gate']}.weight"):
+        raise FtError(f"checkpoint has no routed experts for layer {layer}")
+    for e in range(cfg.num_experts):
+        for proj, tensors in form.projections(store.expert(layer, e)).items():
+            rows, cols = form.projection_shape(proj, cfg.hidden_size, cfg.moe_intermediate_size)
+            for suffix, dst in tensors.items():
+                name = f"{base}.{e}.{names[proj]}.{suffix}"
+                src = _checked(reader, name, form.checkpoint_shape(suffix, rows, cols), dst)
+                dst.copy_(src.reshape(dst.shape))
 
 
 def _fill_layer(reader, cfg: ModelConfig, layer: int, w13: torch.Tensor, w2: torch.Tensor) -> None:
@@ -126,6 +154,18 @@ def _fill_layer(reader, cfg: ModelConfig, layer: int, w13: torch.Tensor, w2: tor
                         _copy_checked(dst, reader.get(name), name)
                 return
     raise FtError(f"checkpoint has no routed experts for layer {layer}")
+
+
+def _checked(reader, name: str, shape: tuple[int, ...], dst: torch.Tensor) -> torch.Tensor:
+    """A quantised expert tensor, of the checkpoint shape; weight codes in dst's dtype (scales
+    may come in another float dtype, e.g. bf16: copy_ converts them)."""
+    src = reader.get(name)
+    if tuple(src.shape) != shape:
+        raise FtError(f"{name} has shape {tuple(src.shape)}, expected {shape}")
+    is_scale = not name.endswith(".weight") and src.dtype.is_floating_point
+    if src.dtype != dst.dtype and not (is_scale and dst.dtype.is_floating_point):
+        raise FtError(f"{name} is {src.dtype}, expected {dst.dtype}")
+    return src
 
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:

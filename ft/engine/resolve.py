@@ -14,6 +14,7 @@ import torch
 from ft.bench.profile import Decision, decide, default_path, fetch_log_line, load_profile
 from ft.engine.attention import KVCache
 from ft.engine.config import EngineConfig, ModelConfig
+from ft.engine.formats import get_format
 from ft.engine.loader import CheckpointReader, is_routed_expert
 from ft.engine.memory import GIB
 from ft.errors import FtError
@@ -82,14 +83,17 @@ def resident_bytes(config: EngineConfig, cfg: ModelConfig, reader: CheckpointRea
     from the checkpoint's headers (nothing is loaded yet)."""
     from ft.engine.builder import plan_kv
 
-    elem = torch.tensor([], dtype=_DTYPES[config.dtype]).element_size()
+    dtype = _DTYPES[config.dtype]
+    elem = torch.tensor([], dtype=dtype).element_size()
     dense = sum(math.prod(reader.shape(n)) for n in reader.names() if not is_routed_expert(n))
-    experts = cfg.total_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size
-    max_len, slots = plan_kv(config, cfg)
-    kv = KVCache.bytes_needed(
-        cfg.num_layers, slots * max_len, cfg.num_kv_heads, cfg.head_dim, _DTYPES[config.dtype]
+    per_expert = get_format(cfg.expert_format).expert_bytes(
+        cfg.hidden_size, cfg.moe_intermediate_size, dtype
     )
-    return (dense + experts) * elem + kv + int(config.memory_margin_gib * GIB)
+    max_len, slots = plan_kv(config, cfg)
+    tokens = slots * max_len
+    kv = KVCache.bytes_needed(cfg.num_layers, tokens, cfg.num_kv_heads, cfg.head_dim, dtype)
+    experts = cfg.total_experts * per_expert
+    return dense * elem + experts + kv + int(config.memory_margin_gib * GIB)
 
 
 def resolve_max_fetch(config: EngineConfig) -> float:

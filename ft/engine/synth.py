@@ -6,6 +6,11 @@ sequences is run through each layer as it is made (real attention, real experts)
 the layer's router reads (a) the shared direction of those hidden states, weighted per
 expert with a Zipf-like bias (skewed popularity), and (b) their slowly drifting low-rank part
 (consecutive tokens reuse experts). The routing statistics printed are measured on that sample.
+
+`expert_format` other than bf16: the float experts drawn are quantised by the format (a whole
+layer at once), written under the names its public checkpoints use, with config.json's
+`quantization_config`; the sample runs through the dequantised experts, so the routing stats
+describe the checkpoint written. Dense weights stay in `dtype`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from ft.cpuinfo import allowed_cores
 from ft.engine.attention import Batch, Rope, Span
 from ft.engine.config import ModelConfig
 from ft.engine.experts.dispatch import add_expert, group_by_expert
+from ft.engine.formats import get_format
+from ft.engine.formats.base import PROJECTIONS
 from ft.engine.fused import rms_norm
 from ft.engine.model import LAYER_TENSORS, DecoderLayer
 from ft.engine.presets import preset_hf_config
@@ -55,7 +62,7 @@ class RoutingStats:
 
 def synth_checkpoint(
     preset: str, out: str | Path, layers: int | None = None, experts: int | None = None,
-    dtype: str = "bfloat16", seed: int = 0, on_layer=None,
+    dtype: str = "bfloat16", seed: int = 0, on_layer=None, expert_format: str = "bf16",
 ) -> RoutingStats:  # fmt: skip
     """Write the checkpoint to `out` (which must not exist or be empty); -> routing stats.
     `on_layer(done, total)` is called after each layer (progress for people)."""
@@ -63,6 +70,10 @@ def synth_checkpoint(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FtError(f"{out} already exists and is not an empty directory")
     hf = preset_hf_config(preset, layers, experts, dtype)
+    form = get_format(expert_format)
+    form.check_shape(hf["hidden_size"], hf["moe_intermediate_size"])
+    if form.quantized:
+        hf["quantization_config"] = form.quantization_config()
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -82,7 +93,7 @@ def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int, on_layer) -> Rout
     (out / "config.json").write_text(json.dumps(hf, indent=2))
     cfg = ModelConfig.from_dict(hf)
     gen = torch.Generator().manual_seed(seed)
-    writer = ShardWriter(out, shard_bytes(cfg, dtype))
+    writer = ShardWriter(out, shard_bytes(cfg, dtype, get_format(cfg.expert_format)))
     common = _randn(gen, cfg.hidden_size)
     common = common / common.norm() * math.sqrt(cfg.hidden_size)  # shared by every token
     embed = _randn(gen, cfg.vocab_size, cfg.hidden_size, scale=0.8).add_(0.6 * common)
@@ -185,16 +196,40 @@ def _write_experts(cfg: ModelConfig, layer: int, gen, writer, dtype, out_scale: 
     -> (w13 [E, 2I, D], w2 [E, D, I]) as stored, in float32, for the sample run."""
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size  # noqa: N806, E741
     base = f"model.layers.{layer}.mlp.experts"
+    form = get_format(cfg.expert_format)
+    kept = torch.float32 if form.quantized else dtype  # quantised from the float32 draws
     parts = {
-        "gate_proj": _randn(gen, E, I, D, scale=D**-0.5).to(dtype),
-        "up_proj": _randn(gen, E, I, D, scale=D**-0.5).to(dtype),
-        "down_proj": _randn(gen, E, D, I, scale=out_scale * I**-0.5).to(dtype),
+        "gate_proj": _randn(gen, E, I, D, scale=D**-0.5).to(kept),
+        "up_proj": _randn(gen, E, I, D, scale=D**-0.5).to(kept),
+        "down_proj": _randn(gen, E, D, I, scale=out_scale * I**-0.5).to(kept),
     }
+    if form.quantized:
+        return _write_quantized(form, base, parts, writer)
     for e in range(E):
         for part, stored in parts.items():  # clone: safetensors refuses tensors sharing memory
             writer.add_stored(f"{base}.{e}.{part}.weight", stored[e].clone())
     w13 = torch.cat((parts["gate_proj"], parts["up_proj"]), dim=1).float()
     return w13, parts["down_proj"].float()
+
+
+def _write_quantized(form, base: str, drawn: dict, writer):
+    """Quantise the layer's float experts (vectorised over E), write each expert's tensors
+    as the format names them; -> the dequantised (w13, w2) in float32."""
+    w13 = torch.cat((drawn.pop("gate_proj"), drawn.pop("up_proj")), dim=1)  # [E, 2I, D]
+    parts = form.quantize(w13, drawn.pop("down_proj"))
+    del w13
+    names = dict(zip(PROJECTIONS, ("gate_proj", "up_proj", "down_proj"), strict=True))
+    hidden, inter = parts["w2"].shape[-2], parts["w13"].shape[-2] // 2  # w2: D rows, w13: 2I
+    for e in range(parts["w13"].shape[0]):
+        expert = {k: v[e] for k, v in parts.items()}
+        for proj, tensors in form.projections(expert).items():
+            rows, cols = form.projection_shape(proj, hidden, inter)
+            for suffix, t in tensors.items():
+                shape = form.checkpoint_shape(suffix, rows, cols)
+                writer.add_stored(f"{base}.{e}.{names[proj]}.{suffix}", t.reshape(shape).clone())
+            for suffix, value in form.constants.items():
+                writer.add_stored(f"{base}.{e}.{names[proj]}.{suffix}", torch.tensor(value))
+    return form.dequantize(parts, torch.float32)
 
 
 class _Recorder:

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from ft.bench import bw as bw_mod
-from ft.bench.bw import NO_GPU_NOTE, BwConfig, _FormatBench, run_bw
-from ft.bench.bw_formats import FORMATS
+from ft.bench.bw import NO_GPU_NOTE, BwConfig, _FormatBench, measure_format, run_bw
+from ft.bench.bw_formats import FORMATS, BenchFormat
 from ft.bench.profile import decide, load_profile
+from ft.engine.config import EXPERT_FORMATS
 from ft.engine.cpu_moe import THREAD_PREFIX, CpuMoeExecutor
+from ft.engine.formats.int8 import Int8Format
 from ft.errors import FtError
 from tests.conftest import run_ft
 
@@ -55,16 +57,16 @@ def test_cpu_numbers_come_from_the_pool(monkeypatch):
 def test_gather_and_overlap_logic_on_cpu_slots():
     """The slot gather and the overlapped pair, with CPU buffers standing in for the device."""
     cfg = BwConfig(quick=True, threads=1, device="cpu")
-    w13, w2 = FORMATS["bf16"].make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
+    bank = FORMATS["bf16"].make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
     with CpuMoeExecutor(threads=1) as pool:
-        bench = _FormatBench(FORMATS["bf16"], cfg, pool, w13, w2, torch.device("cpu"))
+        bench = _FormatBench(FORMATS["bf16"], cfg, pool, bank, torch.device("cpu"))
         samples = bench.gather_samples(3)
         k = cfg.experts_per_step
         assert [s.nbytes for s in samples] == [k * bench.expert_bytes] * 3
         last = (3 * k - 1 + cfg.synth_experts // 2) % cfg.synth_experts  # the gather's cursor
         slot = (3 * k - 1) % (2 * k)  # each expert into its own slot, round robin
-        assert torch.equal(bench.gather.w13[slot], w13[last])
-        assert torch.equal(bench.gather.w2[slot], w2[last])
+        assert torch.equal(bench.gather.bank["w13"][slot], bank["w13"][last])
+        assert torch.equal(bench.gather.bank["w2"][slot], bank["w2"][last])
         cpu_gbs, gather_gbs = bench.overlapped()
     assert cpu_gbs > 0 and gather_gbs > 0
 
@@ -84,6 +86,7 @@ def test_cli_quick_writes_a_valid_profile(tmp_path):
     printed = json.loads(res.stdout)
     profile = load_profile(out)
     assert profile.data == printed and profile.data["version"] == 4
+    assert tuple(profile.data["dtype_kernels"]) == EXPERT_FORMATS  # every format by default
     assert profile.threshold == 1.5
     if not torch.cuda.is_available():
         kernel = profile.data["dtype_kernels"]["bf16"]
@@ -122,3 +125,46 @@ def test_cli_table_and_default_path(monkeypatch, tmp_path):
     assert result.exit_code == 0, result.output
     assert "recommended" in result.output and "offload" in result.output
     assert load_profile(tmp_path / "benchbw.json").data["cpu"]["threads_used"] == 1
+
+
+def test_every_engine_format_is_measured_through_its_cpu_path():
+    """Quantised formats: their own bytes per expert, the pool's dequantising path (CPU box:
+    no PCIe, so offload with the no-GPU note)."""
+    cfg = BwConfig(quick=True, threads=1, device="cpu")
+    profile = run_bw(cfg)
+    assert tuple(profile["dtype_kernels"]) == EXPERT_FORMATS
+    for name, kernel in profile["dtype_kernels"].items():
+        assert kernel["expert_bytes"] == FORMATS[name].form.expert_bytes(512, 256)
+        assert kernel["cpu_moe_gbs"] > 0 and kernel["pcie_gather_gbs"] is None
+        assert kernel["recommended"] == "offload" and kernel["note"] == NO_GPU_NOTE
+    sizes = [profile["dtype_kernels"][f]["expert_bytes"] for f in EXPERT_FORMATS]
+    assert sizes == sorted(sizes, reverse=True)  # bf16 > int8 > fp8_block > nvfp4
+
+
+def test_gather_copies_every_part_of_a_quantized_expert():
+    cfg = BwConfig(quick=True, threads=1, device="cpu")
+    fmt = FORMATS["nvfp4"]
+    bank = fmt.make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
+    with CpuMoeExecutor(threads=1) as pool:
+        bench = _FormatBench(fmt, cfg, pool, bank, torch.device("cpu"))
+        (sample,) = bench.gather_samples(1)
+    assert sample.nbytes == cfg.experts_per_step * fmt.expert_bytes(cfg.hidden, cfg.inter)
+    first = cfg.synth_experts // 2  # where the gather's cursor starts
+    assert set(bench.gather.bank) == set(bank) == set(fmt.form.parts(1, 1, torch.bfloat16))
+    for name, slots in bench.gather.bank.items():
+        assert torch.equal(slots[0], bank[name][first]), name
+
+
+class _NoCpuInt8(Int8Format):
+    cpu_path = False
+    no_cpu_note = "CPU MoE has no int8 weight path; hybrid unavailable"
+
+
+def test_a_format_without_a_cpu_path_says_offload_with_its_note():
+    cfg = BwConfig(quick=True, threads=1, device="cpu")
+    fmt = BenchFormat("int8", _NoCpuInt8(), torch.bfloat16)
+    with CpuMoeExecutor(threads=1) as pool:
+        kernel = measure_format(fmt, cfg, pool, None, lambda _: None)
+    assert kernel["cpu_moe_gbs"] is None and kernel["note"] == _NoCpuInt8.no_cpu_note
+    d = decide({"threshold": 2.0, "dtype_kernels": {"int8": kernel}}, "int8")
+    assert d.recommended == "offload" and d.note == _NoCpuInt8.no_cpu_note

@@ -31,7 +31,7 @@ def ref_moe(x: torch.Tensor, jobs: list[ExpertJob]) -> torch.Tensor:
     """The plain fp32 definition: sum over jobs of weights * down(silu(gate x) * up x)."""
     out = torch.zeros(x.shape, dtype=torch.float32)
     for job in jobs:
-        w13, w2, xs = job.w13.float(), job.w2.float(), x[job.rows].float()
+        w13, w2, xs = job.parts["w13"].float(), job.parts["w2"].float(), x[job.rows].float()
         inter = w2.shape[1]
         act = F.silu(xs @ w13[:inter].T) * (xs @ w13[inter:].T)
         out.index_add_(0, job.rows, (act @ w2.T) * job.weights[:, None].float())
@@ -47,7 +47,7 @@ def make_jobs(tokens: int, dtype=torch.float32, seed: int = 0) -> tuple[torch.Te
     for e in range(EXPERTS):
         rows = torch.randperm(tokens, generator=gen)[: max(1, tokens // 2)]
         weights = torch.rand(rows.numel(), generator=gen)
-        jobs.append(ExpertJob(w13=w13[e], w2=w2[e], rows=rows, weights=weights))
+        jobs.append(ExpertJob(parts={"w13": w13[e], "w2": w2[e]}, rows=rows, weights=weights))
     return x, jobs
 
 
@@ -128,8 +128,8 @@ def test_forced_inline_is_counted_and_warned_once(ft_log, monkeypatch):
 
 def test_worker_error_reaches_wait_and_pool_survives():
     x, jobs = make_jobs(2)
-    bad = ExpertJob(w13=torch.randn(2 * INTER, D + 1), w2=jobs[0].w2, rows=jobs[0].rows,
-                    weights=jobs[0].weights)  # fmt: skip
+    parts = {"w13": torch.randn(2 * INTER, D + 1), "w2": jobs[0].parts["w2"]}
+    bad = ExpertJob(parts=parts, rows=jobs[0].rows, weights=jobs[0].weights)
     with CpuMoeExecutor(threads=2) as pool:
         with pytest.raises(RuntimeError, match="worker failed"):
             pool.submit(x, [bad]).wait(timeout=30)
@@ -200,7 +200,7 @@ def test_tensors_off_the_cpu_are_refused_in_the_caller():
     with CpuMoeExecutor(threads=1) as pool:
         with pytest.raises(ValueError, match="x is on meta"):
             pool.submit(x.to("meta"), jobs)
-        bad = ExpertJob(jobs[0].w13, jobs[0].w2, jobs[0].rows.to("meta"), jobs[0].weights)
+        bad = ExpertJob(jobs[0].parts, jobs[0].rows.to("meta"), jobs[0].weights)
         with pytest.raises(ValueError, match=r"jobs\[1\].rows is on meta"):
             pool.submit(x, [jobs[0], bad])
 
@@ -224,7 +224,7 @@ def test_expert_jobs_from_routing_match_a_dense_moe(tokens):
     w2 = torch.randn(EXPERTS, D, INTER, generator=gen) / INTER**0.5
     scores = torch.randn(tokens, EXPERTS, generator=gen).softmax(-1)
     topk_weights, topk_ids = scores.topk(3, dim=-1)  # [T, K]
-    jobs = expert_jobs(w13, w2, topk_ids, topk_weights, list(range(EXPERTS)))
+    jobs = expert_jobs({"w13": w13, "w2": w2}, topk_ids, topk_weights, list(range(EXPERTS)))
     with CpuMoeExecutor(threads=2, min_slice=8) as pool:
         out = pool.submit(x, jobs).wait()
         assert pool.stats.experts_in_pool == len(jobs) == topk_ids.unique().numel()

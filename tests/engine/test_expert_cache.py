@@ -15,8 +15,8 @@ def make_store(layers=2, experts=6, hidden=8, inter=4) -> HostExpertStore:
     store = HostExpertStore.allocate(layers, range(layers), experts, hidden, inter, torch.float32)
     gen = torch.Generator().manual_seed(0)
     for layer in range(layers):
-        store.w13[layer].copy_(torch.randn(store.w13[layer].shape, generator=gen))
-        store.w2[layer].copy_(torch.randn(store.w2[layer].shape, generator=gen))
+        for part in store.banks[layer].values():  # w13 [E, 2I, D], w2 [E, D, I]
+            part.copy_(torch.randn(part.shape, generator=gen))
     return store
 
 
@@ -39,8 +39,8 @@ def test_slots_hold_the_experts_they_are_keyed_by():
     cache = ExpertCache(store, num_slots=2, device="cpu")
     for layer, expert in [(0, 5), (1, 5), (0, 0), (1, 3), (0, 5)]:
         (slot,) = cache.ensure(layer, [expert])
-        assert torch.equal(cache.w13[slot], store.w13[layer][expert])
-        assert torch.equal(cache.w2[slot], store.w2[layer][expert])
+        for part, slots in cache.bank.items():
+            assert torch.equal(slots[slot], store.banks[layer][part][expert])
     assert cache.bytes_fetched == cache.misses * store.expert_bytes
 
 
@@ -77,7 +77,7 @@ def test_dispatch_equals_a_per_token_reference():
     groups = group_by_expert(ids, weights, 6)
     assert [g.expert for g in groups] == sorted(set(ids.flatten().tolist()))
     for group in groups:
-        add_expert(out, x, group, store.w13[0][group.expert], store.w2[0][group.expert])
+        add_expert(out, x, group, *_weights(store, group.expert))
     torch.testing.assert_close(out, ref_moe(x, ids, weights, store))
 
 
@@ -87,7 +87,7 @@ def ref_moe(x, ids, weights, store):
     for t in range(x.shape[0]):
         acc = torch.zeros(x.shape[1])
         for k in range(ids.shape[1]):
-            w13, w2 = store.w13[0][ids[t, k]], store.w2[0][ids[t, k]]
+            w13, w2 = _weights(store, ids[t, k])
             gate, up = (w13 @ x[t]).chunk(2)
             acc += weights[t, k] * (w2 @ (torch.nn.functional.silu(gate) * up))
         rows.append(acc)
@@ -112,3 +112,8 @@ def test_prefetch_never_evicts_the_layer_being_computed():
     assert cache.prefetched == 1
     assert cache.cached() == [(0, 0), (0, 1), (1, 4)]
     assert int(cache.slot_table[1, 0]) == -1  # the evicted entry left the table
+
+
+def _weights(store, expert):
+    bank = store.banks[0]
+    return bank["w13"][expert], bank["w2"][expert]

@@ -49,7 +49,7 @@ def test_compute_slots_on_a_subset_adds_up_to_the_whole():
         x, device_part, offload.cache.ensure(0, [g.expert for g in device_part]), out
     )
     for g in cpu_part:
-        add_expert(out, x, g, store.w13[0][g.expert], store.w2[0][g.expert])
+        add_expert(out, x, g, store.banks[0]["w13"][g.expert], store.banks[0]["w2"][g.expert])
     torch.testing.assert_close(out, ResidentStrategy(store, "cpu").forward(0, x, ids, weights))
 
 

@@ -45,7 +45,8 @@ gen = torch.Generator().manual_seed(3)
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
     h = torch.randn(4, 40, generator=gen).to(dtype)
     delta, w = torch.randn(4, 40, generator=gen).to(dtype), torch.rand(40, generator=gen).to(dtype)
-    for got, want in zip(add_rms_norm(h, delta, w, 1e-6, "triton"), add_rms_norm(h, delta, w, 1e-6)):
+    fused = add_rms_norm(h, delta, w, 1e-6, "triton")
+    for got, want in zip(fused, add_rms_norm(h, delta, w, 1e-6)):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     qkv = torch.randn(3, 7, 16, generator=gen).to(dtype)  # 5 q/k heads of a strided qkv, 2 v
     qk, wn = qkv[:, :5], torch.rand(5, 16, generator=gen).to(dtype)

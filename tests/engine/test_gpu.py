@@ -39,5 +39,5 @@ def test_cuda_store_is_pinned(synth_tiny):
     engine = LLMEngine(EngineConfig(model=str(model_dir), device="cuda", moe_strategy="offload",
                                     moe_cache_size=4))  # fmt: skip
     store = engine.strategy.store
-    assert all(w.is_pinned() for w in store.w13 if w is not None)
-    assert engine.strategy.cache.w13.is_cuda
+    assert all(t.is_pinned() for b in store.banks if b is not None for t in b.values())
+    assert all(t.is_cuda for t in engine.strategy.cache.bank.values())

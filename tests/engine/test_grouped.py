@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -19,6 +15,7 @@ from ft.engine.experts.grouped import (
     reduce_pairs,
     ref_moe_pairs,
 )
+from tests.engine.interpreter import run_interpreted
 
 T, K, N, D, INTER = 5, 3, 7, 32, 16  # tokens, top-k, slots, hidden, intermediate
 
@@ -36,7 +33,11 @@ def routing(gen, tokens=T):
 
 def reference(x, w13, w2, ids, weights):
     tok = torch.arange(ids.shape[0]).repeat_interleave(K)
-    return ref_moe_pairs(x, w13, w2, tok, ids.flatten(), weights.flatten())
+    return ref_moe_pairs(x, {"w13": w13, "w2": w2}, tok, ids.flatten(), weights.flatten())
+
+
+def torch_pairs(x, w13, w2, blocks):
+    return moe_pairs(x, {"w13": w13, "w2": w2}, blocks, "torch", "bf16")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -45,7 +46,7 @@ def test_device_blocks_match_reference(seed):
     w13, w2 = bank(gen)
     x, (ids, weights) = torch.randn(T, D, generator=gen), routing(gen)
     blocks = blocks_on_device(ids, weights)
-    got = reduce_pairs(blocks, moe_pairs(x, w13, w2, blocks, "torch"), T)
+    got = reduce_pairs(blocks, torch_pairs(x, w13, w2, blocks), T)
     torch.testing.assert_close(got, reference(x, w13, w2, ids, weights), rtol=1e-5, atol=1e-5)
     assert int((blocks.block_slot >= 0).sum()) == len(set(ids.flatten().tolist()))
 
@@ -56,7 +57,7 @@ def test_skipped_slots_contribute_nothing():
     x, (ids, weights) = torch.randn(T, D, generator=gen), routing(gen)
     table = torch.tensor([0, -1, 2, -1, 4, 5, -1])  # experts 1, 3, 6 live elsewhere
     blocks = blocks_on_device(table[ids], weights)
-    got = reduce_pairs(blocks, moe_pairs(x, w13, w2, blocks, "torch"), T)
+    got = reduce_pairs(blocks, torch_pairs(x, w13, w2, blocks), T)
     kept = table[ids] >= 0
     expected = reference(x, w13, w2, torch.where(kept, ids, -1), weights)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -72,7 +73,7 @@ def test_group_blocks_use_the_given_slots_and_split_big_groups():
     slots = [6, 2, 4]  # expert e sits in slot slots[e]
     blocks = blocks_from_groups(groups, slots, "cpu")
     assert blocks.block_start.shape[0] > len(groups)
-    got = reduce_pairs(blocks, moe_pairs(x, w13, w2, blocks, "torch"), tokens)
+    got = reduce_pairs(blocks, torch_pairs(x, w13, w2, blocks), tokens)
     expected = reference(x, w13, w2, torch.tensor(slots)[ids], weights)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
@@ -100,10 +101,6 @@ print("ok")
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 @pytest.mark.timeout(300)
 def test_triton_kernels_match_reference_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}  # set before triton.jit wraps the kernels
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_INTERPRETED)], env=env, capture_output=True,
-        text=True, timeout=280,
-    )  # fmt: skip
+    proc = run_interpreted(_INTERPRETED, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")

@@ -19,8 +19,9 @@ E, K, D, INTER = 128, 8, 2048, 768
 def store_and_routing(tokens: int, dtype, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     store = HostExpertStore.allocate(1, [0], E, D, INTER, dtype)
-    store.w13[0].copy_(torch.randn(store.w13[0].shape, generator=gen) / D**0.5)
-    store.w2[0].copy_(torch.randn(store.w2[0].shape, generator=gen) / INTER**0.5)
+    bank = store.banks[0]
+    bank["w13"].copy_(torch.randn(bank["w13"].shape, generator=gen) / D**0.5)
+    bank["w2"].copy_(torch.randn(bank["w2"].shape, generator=gen) / INTER**0.5)
     ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(tokens)])
     x = torch.randn(tokens, D, generator=gen).to(dtype)
     return store, x, ids, torch.softmax(torch.rand(tokens, K, generator=gen), -1)
@@ -32,7 +33,7 @@ def test_triton_matches_reference_on_cuda(dtype, tol, tokens):
     from ft.engine.experts.triton_moe import triton_moe_pairs
 
     store, x, ids, weights = store_and_routing(tokens, dtype)
-    w13, w2 = store.w13[0].cuda(), store.w2[0].cuda()
+    w13, w2 = store.banks[0]["w13"].cuda(), store.banks[0]["w2"].cuda()
     xc, idc, wc = x.cuda(), ids.cuda(), weights.cuda()
     # reference in float32 on the device, per token (faster than ref_moe_pairs at this shape)
     gate, up = torch.einsum("tkrd,td->tkr", w13[idc].float(), xc.float()).chunk(2, dim=-1)
@@ -43,7 +44,8 @@ def test_triton_matches_reference_on_cuda(dtype, tol, tokens):
     if tokens * K <= 128:
         builders.append(blocks_on_device(idc, wc))
     for blocks in builders:
-        got = reduce_pairs(blocks, triton_moe_pairs(xc, w13, w2, blocks), tokens)
+        y = triton_moe_pairs(xc, {"w13": w13, "w2": w2}, blocks, "bf16")  # [P, D]
+        got = reduce_pairs(blocks, y, tokens)
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
 
 

@@ -42,14 +42,18 @@ def test_layout_is_hugging_face(synth_tiny):
     assert tok.decode(ids) == "The expert cache"
 
 
-def test_cli_prints_measured_stats(tmp_path):
+@pytest.mark.parametrize("fmt, quant_algo", [("bf16", None), ("nvfp4", "NVFP4")])
+def test_cli_prints_measured_stats(tmp_path, fmt, quant_algo):
     out = tmp_path / "ck"
     args = ["model", "synth", "--preset", "tiny", "--out", str(out), "--layers", "2"]
-    result = CliRunner().invoke(app, [*args, "--experts", "8", "--json"])
+    result = CliRunner().invoke(app, [*args, "--experts", "8", "--expert-format", fmt, "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["layers"] == 2 and 0.2 < report["top20_share"] <= 1
-    assert json.loads((out / "config.json").read_text())["num_experts"] == 8
+    assert report["expert_format"] == fmt
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_experts"] == 8 and config["dtype"] == "bfloat16"  # dense stays float
+    assert (config.get("quantization_config") or {}).get("quant_algo") == quant_algo
 
 
 def test_bad_requests_are_user_errors(tmp_path):

@@ -1,5 +1,8 @@
 """The device expert cache: N slots shared by all layers, keyed by (layer, expert), LRU.
 
+The slots are a bank like the store's (part name -> [N, ...], the expert format's parts); a
+miss copies every part of the expert into its slot.
+
 A miss copies the expert from the host store into a slot on a separate CUDA stream; the
 compute stream waits on an event, so only work that needs the expert waits for it. On the
 CPU device the copy is a plain copy_ (the CPU plays the accelerator in CI).
@@ -24,9 +27,10 @@ class ExpertCache:
         self.store = store
         self.num_slots = num_slots
         self.device = torch.device(device)
-        D, I2 = store.hidden_size, 2 * store.intermediate_size  # noqa: N806
-        self.w13 = torch.empty(num_slots, I2, D, dtype=store.dtype, device=self.device)
-        self.w2 = torch.empty(num_slots, D, I2 // 2, dtype=store.dtype, device=self.device)
+        self.bank = {
+            name: torch.empty(num_slots, *p.shape, dtype=p.dtype, device=self.device)
+            for name, p in store.parts.items()
+        }  # part -> [N, ...]
         self._slot_of: OrderedDict[tuple[int, int], int] = OrderedDict()  # LRU first
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.hits = self.misses = self.evictions = self.bytes_fetched = 0
@@ -36,7 +40,7 @@ class ExpertCache:
         self._prefetch_done: torch.cuda.Event | None = None
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
-        shape = (len(store.w13), store.num_experts)  # [layers, E]
+        shape = (len(store.banks), store.num_experts)  # [layers, E]
         self._table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
         self.slot_table = self._table.to(self.device) if cuda else self._table  # the device's copy
 
@@ -115,8 +119,9 @@ class ExpertCache:
 
     def _load(self, layer: int, expert: int, non_blocking: bool) -> int:
         slot = self._take_slot()
-        self.w13[slot].copy_(self.store.w13[layer][expert], non_blocking=non_blocking)
-        self.w2[slot].copy_(self.store.w2[layer][expert], non_blocking=non_blocking)
+        host = self.store.banks[layer]
+        for name, slots in self.bank.items():
+            slots[slot].copy_(host[name][expert], non_blocking=non_blocking)
         self._slot_of[(layer, expert)] = slot
         self._table[layer, expert] = slot
         self.loads += 1

@@ -1,12 +1,14 @@
 """Batched expert compute over (token, slot) pairs: one gate/up and one down pass for a whole
-layer, reading weights straight from a slot bank (w13 [N, 2I, D], w2 [N, D, I]).
+layer, reading weights straight from a slot bank: part name -> [N, ...], the expert format's
+parts (`bf16`: w13 [N, 2I, D], w2 [N, D, I]; see ft.engine.formats).
 
 The work list is `PairBlocks`: the layer's pairs sorted by slot, cut into blocks of `block_m`
 rows that each belong to one slot. Block b covers pair rows [start[b], start[b] + block_m) that
 carry slot `block_slot[b]` (-1: nothing to do). Two builders fill it: `blocks_on_device` from
 the router's ids with no host sync (decode), and `blocks_from_groups` from host-known expert
-groups (prefill, offload chunks, hybrid). Two backends run it: Triton (CUDA) and torch (CPU,
-or where Triton is missing); `ref_moe_pairs` is the one-pair-at-a-time reference for tests.
+groups (prefill, offload chunks, hybrid). Two backends run it: Triton (CUDA; dequantises in
+registers) and torch (CPU, or where Triton is missing; dequantises a block's slot to x's dtype,
+then multiplies); `ref_moe_pairs` is the one-pair-at-a-time reference for tests.
 
 Legend: T = tokens, K = experts per token, P = pairs, NB = blocks, N = slots, D = hidden,
 I = expert intermediate.
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ft import settings
+from ft.engine.formats import get_format
 
 MIN_BLOCK_M = 16  # tl.dot needs 16 rows at least
 MAX_DEVICE_PAIRS = 128  # above this (prefill), rows of one slot may outgrow a block: group on host
@@ -86,13 +89,14 @@ def blocks_from_groups(groups, slots: list[int], device) -> PairBlocks:
     )  # fmt: skip
 
 
-def moe_pairs(x, w13, w2, blocks: PairBlocks, backend: str) -> torch.Tensor:
-    """-> y [P, D] float32: weight * FFN_slot(x[tok]) per pair row (0 where the slot is -1)."""
+def moe_pairs(x, bank: dict, blocks: PairBlocks, backend: str, fmt: str) -> torch.Tensor:
+    """-> y [P, D] float32: weight * FFN_slot(x[tok]) per pair row (0 where the slot is -1).
+    `bank`: part name -> [N, ...] in expert format `fmt`."""
     if backend == "triton":
         from ft.engine.experts.triton_moe import triton_moe_pairs
 
-        return triton_moe_pairs(x, w13, w2, blocks)
-    return torch_moe_pairs(x, w13, w2, blocks)
+        return triton_moe_pairs(x, bank, blocks, fmt)
+    return torch_moe_pairs(x, bank, blocks, fmt)
 
 
 def reduce_pairs(blocks: PairBlocks, y: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -102,9 +106,11 @@ def reduce_pairs(blocks: PairBlocks, y: torch.Tensor, tokens: int) -> torch.Tens
     return acc.index_add_(0, blocks.tok, y)
 
 
-def torch_moe_pairs(x, w13, w2, blocks: PairBlocks) -> torch.Tensor:
+def torch_moe_pairs(x, bank: dict, blocks: PairBlocks, fmt: str) -> torch.Tensor:
     """The torch backend: one small matmul pair per active block (host loop over blocks). A
-    block's live rows are one contiguous run, as pairs are sorted by slot."""
+    block's live rows are one contiguous run, as pairs are sorted by slot. The block's slot is
+    dequantised to x's dtype first (bf16 weights in x's dtype: no copy)."""
+    form = get_format(fmt)
     y = torch.zeros(blocks.num_pairs, x.shape[1], dtype=torch.float32, device=x.device)
     slots = blocks.slot.tolist()  # free on the CPU; a sync on CUDA (Triton is the CUDA path)
     for start, slot in zip(blocks.block_start.tolist(), blocks.block_slot.tolist(), strict=True):
@@ -113,21 +119,24 @@ def torch_moe_pairs(x, w13, w2, blocks: PairBlocks) -> torch.Tensor:
         end = start
         while end < min(start + blocks.block_m, len(slots)) and slots[end] == slot:
             end += 1
-        gate, up = F.linear(x[blocks.tok[start:end]], w13[slot]).chunk(2, dim=-1)  # [n, I] each
-        h = F.linear(F.silu(gate) * up, w2[slot])  # [n, D]
+        w13, w2 = form.slot_weights(bank, slot, x.dtype)  # [2I, D], [D, I]
+        gate, up = F.linear(x[blocks.tok[start:end]], w13).chunk(2, dim=-1)  # [n, I] each
+        h = F.linear(F.silu(gate) * up, w2)  # [n, D]
         y[start:end] = h * blocks.weight[start:end, None].to(h.dtype)
     return y
 
 
-def ref_moe_pairs(x, w13, w2, tok, slot, weight) -> torch.Tensor:
+def ref_moe_pairs(x, bank: dict, tok, slot, weight, fmt: str = "bf16") -> torch.Tensor:
     """Reference: out [T, D] float32 = sum over pairs of weight * FFN_slot(x[tok]), one pair
-    at a time in float32; pairs with slot -1 are skipped."""
+    at a time in float32 from the slot's weights dequantised to float32; pairs with slot -1
+    are skipped."""
+    w13, w2 = get_format(fmt).dequantize(bank, torch.float32)  # [N, 2I, D], [N, D, I]
     out = torch.zeros(x.shape, dtype=torch.float32)
     for t, s, w in zip(tok.tolist(), slot.tolist(), weight.float().tolist(), strict=True):
         if s < 0:
             continue
-        gate, up = (w13[s].float() @ x[t].float()).chunk(2)
-        out[t] += w * (w2[s].float() @ (F.silu(gate) * up))
+        gate, up = (w13[s] @ x[t].float()).chunk(2)
+        out[t] += w * (w2[s] @ (F.silu(gate) * up))
     return out
 
 

@@ -1,8 +1,10 @@
 """The host expert store: every routed expert of every MoE layer, in host memory.
 
-Layout (the contract): per layer `w13[layer]` [E, 2I, D] (rows 0..I-1 gate / w1, rows I..2I-1
-up / w3) and `w2[layer]` [E, D, I]; None for dense layers. Pinned when CUDA is present so
-copies into device slots can be asynchronous.
+Layout (the contract, /work/notes/contract.md): per MoE layer a bank, part name -> tensor with a
+leading dim of E experts; the parts are the expert format's (`bf16`: `w13` [E, 2I, D] with rows
+0..I-1 gate / w1 and I..2I-1 up / w3, `w2` [E, D, I]; quantised formats add their scales).
+None for dense layers. Pinned when CUDA is present so copies into device slots can be
+asynchronous.
 """
 
 from __future__ import annotations
@@ -11,29 +13,55 @@ from dataclasses import dataclass
 
 import torch
 
+from ft.engine.formats import ExpertFormat, Part, Parts, get_format
+
 
 @dataclass
 class HostExpertStore:
-    w13: list[torch.Tensor | None]  # per decoder layer: [E, 2I, D] or None (dense layer)
-    w2: list[torch.Tensor | None]  # per decoder layer: [E, D, I] or None
+    banks: list[Parts | None]  # per decoder layer: part -> [E, ...], or None (dense layer)
     num_experts: int
     hidden_size: int
     intermediate_size: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the engine's float dtype: bf16-format parts and every compute
+    fmt: str = "bf16"  # expert format (ft.engine.formats)
 
     @classmethod
-    def allocate(cls, num_layers, moe_layers, num_experts, hidden, inter, dtype) -> HostExpertStore:
+    def allocate(
+        cls, num_layers, moe_layers, num_experts, hidden, inter, dtype, fmt: str = "bf16"
+    ) -> HostExpertStore:
         pin = torch.cuda.is_available()  # pinned pages let the copy stream run asynchronously
-        w13: list[torch.Tensor | None] = [None] * num_layers
-        w2: list[torch.Tensor | None] = [None] * num_layers
+        form = get_format(fmt)
+        form.check_shape(hidden, inter)
+        parts = form.parts(hidden, inter, dtype)
+        banks: list[Parts | None] = [None] * num_layers
         for layer in moe_layers:
-            w13[layer] = torch.empty(num_experts, 2 * inter, hidden, dtype=dtype, pin_memory=pin)
-            w2[layer] = torch.empty(num_experts, hidden, inter, dtype=dtype, pin_memory=pin)
-        return cls(w13, w2, num_experts, hidden, inter, dtype)
+            banks[layer] = {
+                name: torch.empty(num_experts, *p.shape, dtype=p.dtype, pin_memory=pin)
+                for name, p in parts.items()
+            }
+        return cls(banks, num_experts, hidden, inter, dtype, fmt)
+
+    @property
+    def format(self) -> ExpertFormat:
+        return get_format(self.fmt)
+
+    @property
+    def parts(self) -> dict[str, Part]:
+        """Each part's shape and dtype for ONE expert (what a cache slot holds)."""
+        return self.format.parts(self.hidden_size, self.intermediate_size, self.dtype)
+
+    def expert(self, layer: int, expert: int) -> Parts:
+        """One expert's parts (views of the bank)."""
+        return {name: t[expert] for name, t in self.banks[layer].items()}
+
+    def dequantize(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's experts as float (w13 [E, 2I, D], w2 [E, D, I]) in `dtype` (a copy,
+        except bf16 parts already in `dtype`)."""
+        return self.format.dequantize(self.banks[layer], dtype)
 
     @property
     def moe_layers(self) -> list[int]:
-        return [i for i, w in enumerate(self.w13) if w is not None]
+        return [i for i, b in enumerate(self.banks) if b is not None]
 
     @property
     def total_experts(self) -> int:
@@ -41,9 +69,8 @@ class HostExpertStore:
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one expert (w13 + w2), what a cache miss copies."""
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 3 * self.hidden_size * self.intermediate_size * elem
+        """Bytes of one expert, every part: what a cache miss copies."""
+        return self.format.expert_bytes(self.hidden_size, self.intermediate_size, self.dtype)
 
     @property
     def total_bytes(self) -> int:

@@ -30,6 +30,7 @@ class MoeStrategy:
         self.store = store
         self.expert_uses = 0  # (layer, expert) pairs routed to, one per layer per forward
         self.kernel = pick_backend(device)  # "triton" | "torch": how experts are computed
+        self.fmt = store.fmt  # expert format of every bank this strategy computes from
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         groups = group_by_expert(topk_ids, topk_weights, self.store.num_experts)  # one host sync
@@ -56,17 +57,18 @@ class MoeStrategy:
         """The layer's experts on the device, no host sync: -> [T, D]."""
         raise NotImplementedError
 
-    def run_blocks(self, x, w13, w2, blocks: PairBlocks) -> torch.Tensor:
-        """-> [T, D]: the work list's pairs computed from banks w13 / w2, no host sync."""
-        y = moe_pairs(x, w13, w2, blocks, self.kernel)  # [P, D]
+    def run_blocks(self, x, bank, blocks: PairBlocks) -> torch.Tensor:
+        """-> [T, D]: the work list's pairs computed from a bank of slots, no host sync."""
+        y = moe_pairs(x, bank, blocks, self.kernel, self.fmt)  # [P, D]
         return reduce_pairs(blocks, y, x.shape[0]).to(x.dtype)
 
-    def compute_groups(self, x, w13, w2, groups, slots: list[int], out) -> None:
+    def compute_groups(self, x, bank, groups, slots: list[int], out) -> None:
         """out += every group's experts, read from bank slots `slots`: one batched compute."""
         if not groups:
             return
         blocks = blocks_from_groups(groups, slots, x.device)
-        out += reduce_pairs(blocks, moe_pairs(x, w13, w2, blocks, self.kernel), x.shape[0])
+        y = moe_pairs(x, bank, blocks, self.kernel, self.fmt)  # [P, D]
+        out += reduce_pairs(blocks, y, x.shape[0])
 
     def device_counters(self) -> list[torch.Tensor]:
         """Counters kept on the device (saved around CUDA-graph warm-ups)."""

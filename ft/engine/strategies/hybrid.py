@@ -104,7 +104,7 @@ class HybridStrategy(OffloadStrategy):
             return None
         x_host = x.to("cpu")  # [T, D]: the layer's one copy of activations to the host
         ids, weights = topk_ids.to("cpu"), topk_weights.to("cpu")  # [T, K] routing
-        jobs = expert_jobs(self.store.w13[layer], self.store.w2[layer], ids, weights, experts)
+        jobs = expert_jobs(self.store.banks[layer], ids, weights, experts, self.fmt)
         self.experts_cpu_total += len(jobs)
         return self.pool.submit(x_host, jobs)
 

@@ -46,7 +46,7 @@ class OffloadStrategy(MoeStrategy):
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         slots = self.cache.slot_table[layer][topk_ids]  # [T, K]
         blocks = blocks_on_device(slots, topk_weights, experts=topk_ids)
-        return self.run_blocks(x, self.cache.w13, self.cache.w2, blocks)
+        return self.run_blocks(x, self.cache.bank, blocks)
 
     def run_groups(self, layer, x, groups, out) -> None:
         step = self.cache.num_slots  # a layer needing more experts than slots goes in chunks
@@ -58,7 +58,7 @@ class OffloadStrategy(MoeStrategy):
     def compute_slots(self, x, groups, slots: list[int], out) -> None:
         """out += these expert groups, computed on the device from cache slots `slots`
         (slots[i] holds groups[i]'s expert), in one batched compute. Hybrid reuses it."""
-        self.compute_groups(x, self.cache.w13, self.cache.w2, groups, slots, out)
+        self.compute_groups(x, self.cache.bank, groups, slots, out)
 
     def counters(self) -> dict[str, int]:
         c = self.cache

@@ -20,8 +20,9 @@ class ResidentStrategy(MoeStrategy):
         super().__init__(store, device)
         device = torch.device(device)
         same = device.type == "cpu"  # the CPU "device" reads the host store in place
-        self.w13 = [w if w is None or same else w.to(device) for w in store.w13]
-        self.w2 = [w if w is None or same else w.to(device) for w in store.w2]
+        self.banks = [  # per layer: part -> [E, ...], slot = expert id
+            b if b is None or same else {k: t.to(device) for k, t in b.items()} for b in store.banks
+        ]
         self._uses_on_device = torch.zeros((), dtype=torch.long, device=device)
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
@@ -32,11 +33,11 @@ class ResidentStrategy(MoeStrategy):
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         blocks = blocks_on_device(topk_ids, topk_weights)  # slot = expert id
         self._uses_on_device += (blocks.block_slot >= 0).sum()  # distinct experts, no sync
-        return self.run_blocks(x, self.w13[layer], self.w2[layer], blocks)
+        return self.run_blocks(x, self.banks[layer], blocks)
 
     def run_groups(self, layer, x, groups, out) -> None:
         slots = [g.expert for g in groups]
-        self.compute_groups(x, self.w13[layer], self.w2[layer], groups, slots, out)
+        self.compute_groups(x, self.banks[layer], groups, slots, out)
 
     def device_counters(self) -> list[torch.Tensor]:
         return [self._uses_on_device]
