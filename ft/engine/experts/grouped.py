@@ -85,7 +85,7 @@ def moe_pairs(x, w13, w2, blocks: PairBlocks, backend: str) -> torch.Tensor:
     if backend == "triton":
         from ft.engine.experts.triton_moe import triton_moe_pairs
 
-        return triton_moe_pairs(x, w13, w2, blocks)
+        return triton_moe_pairs(x, {"w13": w13, "w2": w2}, blocks, "bf16")
     return torch_moe_pairs(x, w13, w2, blocks)
 
 
