@@ -5,7 +5,6 @@ synthesized quantised checkpoints that decode the same greedy ids under every st
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import shutil
 
@@ -412,15 +411,7 @@ def test_cli_synth_unknown_format_is_one_line(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-# -- Triton (wired by the kernel branch: skipped until triton_moe_pairs takes a bank) ------------
-
-
-def _triton_takes_banks() -> bool:
-    if importlib.util.find_spec("triton") is None:
-        return False
-    from ft.engine.experts import triton_moe
-
-    return "bank" in inspect.signature(triton_moe.triton_moe_pairs).parameters
+# -- Triton: the kernels read each format's bank as the engine's formats quantise it ------------
 
 
 _INTERPRETED = """
@@ -441,7 +432,7 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(not _triton_takes_banks(), reason="triton_moe_pairs(x, bank, ...) not merged")
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 @pytest.mark.timeout(600)
 def test_triton_formats_match_reference_under_the_interpreter():
     proc = run_interpreted(_INTERPRETED, timeout=580)

@@ -92,7 +92,7 @@ for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
     for blocks in (blocks_on_device(ids, weights),
                    blocks_from_groups(group_by_expert(ids, weights, 7),
                                       [g.expert for g in group_by_expert(ids, weights, 7)], "cpu")):
-        got = reduce_pairs(blocks, triton_moe_pairs(x, w13, w2, blocks), T)
+        got = reduce_pairs(blocks, triton_moe_pairs(x, {"w13": w13, "w2": w2}, blocks, "bf16"), T)
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
 print("ok")
 """

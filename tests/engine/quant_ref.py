@@ -1,0 +1,94 @@
+"""Plain-torch quantise / dequantise of expert banks per the formats contract (issue 8), for
+kernel tests: float banks in, contract banks out, and back to float32 for the reference FFN.
+Runs on any device. Independent of ft's own format code on purpose (a second reading of the
+contract).
+
+Legend: N = slots, D = hidden, I = expert intermediate, R/C = rows/columns of one matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FORMATS = ("bf16", "int8", "fp8_block", "nvfp4")
+BLOCK = 128  # fp8_block's square block
+GROUP = 16  # nvfp4's elements per e4m3 scale
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of code & 7
+E2M1_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # round-to-nearest thresholds
+
+
+def quantize(w13: torch.Tensor, w2: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+    """w13 [N, 2I, D], w2 [N, D, I] float -> the format's bank (parts with leading dim N)."""
+    if fmt == "bf16":
+        return {"w13": w13, "w2": w2}
+    inter = w13.shape[1] // 2
+    halves = {"w13": (w13[:, :inter], w13[:, inter:]), "w2": (w2,)}
+    bank = {}
+    for name, mats in halves.items():
+        parts = [QUANTIZERS[fmt](m.float()) for m in mats]  # per tensor half (gate, up)
+        for suffix, *tensors in zip(("", "_scale", "_scale_2"), *parts, strict=False):
+            bank[name + suffix] = torch.cat(tensors, dim=1)  # gate's rows, then up's
+    return bank
+
+
+def dequantize(bank: dict[str, torch.Tensor], fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (w13 [N, 2I, D], w2 [N, D, I]) float32."""
+    if fmt == "bf16":
+        return bank["w13"].float(), bank["w2"].float()
+    inter = bank["w13"].shape[1] // 2
+    w13 = torch.cat([_half(bank, "w13", fmt, g, inter) for g in (0, 1)], dim=1)
+    return w13, _half(bank, "w2", fmt, 0, bank["w2"].shape[1])
+
+
+def _half(bank, name: str, fmt: str, g: int, rows: int) -> torch.Tensor:
+    """Tensor half g (gate 0, up 1) of weight `name`, rows [g * rows, (g + 1) * rows), float32."""
+    q, scale = bank[name][:, g * rows : (g + 1) * rows], bank[name + "_scale"]
+    if fmt == "int8":
+        return q.float() * scale[:, g * rows : (g + 1) * rows, None]
+    if fmt == "fp8_block":
+        nbr = -(-rows // BLOCK)  # block rows per half
+        return q.float() * _expand(scale[:, g * nbr : (g + 1) * nbr], *q.shape[1:])
+    codes = torch.stack([q & 15, q >> 4], dim=-1).flatten(-2).long()  # [N, R, C] low nibble first
+    grid = torch.tensor(E2M1, device=q.device)
+    value = grid[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    group = scale[:, g * rows : (g + 1) * rows].float().repeat_interleave(GROUP, dim=-1)
+    return value * group * bank[name + "_scale_2"][:, g, None, None]
+
+
+def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, R, C] -> q int8 [N, R, C], scale float32 [N, R]: symmetric per output row."""
+    scale = w.abs().amax(-1).clamp(min=1e-12) / 127
+    return torch.round(w / scale[..., None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, R, C] -> q e4m3 [N, R, C], scale float32 [N, ceil(R/128), ceil(C/128)]."""
+    n, r, c = w.shape
+    padded = F.pad(w, (0, -c % BLOCK, 0, -r % BLOCK))
+    tiles = padded.unflatten(2, (-1, BLOCK)).unflatten(1, (-1, BLOCK))  # [N, BR, 128, BC, 128]
+    scale = tiles.abs().amax(dim=(2, 4)).clamp(min=1e-12) / 448
+    return (w / _expand(scale, r, c)).to(torch.float8_e4m3fn), scale
+
+
+def nvfp4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, R, C] (one global scale per N) -> packed codes uint8 [N, R, C/2], e4m3 scale
+    [N, R, C/16], scale_2 float32 [N, 1] (ModelOpt's recipe, as in the contract)."""
+    scale_2 = w.abs().amax(dim=(1, 2)).clamp(min=1e-12) / (6 * 448)  # [N]
+    groups = w.unflatten(2, (-1, GROUP))  # [N, R, C/16, 16]
+    scale = (groups.abs().amax(-1) / 6 / scale_2[:, None, None]).to(torch.float8_e4m3fn)
+    denom = scale.float()[..., None] * scale_2[:, None, None, None]
+    scaled = torch.where(denom > 0, groups / denom, 0.0).flatten(2)  # [N, R, C]
+    mids = torch.tensor(E2M1_MIDS, device=w.device)
+    codes = torch.bucketize(scaled.abs(), mids) | (scaled < 0).long() << 3
+    packed = codes[..., 0::2] | codes[..., 1::2] << 4  # element 2j low, 2j + 1 high
+    return packed.to(torch.uint8), scale, scale_2[:, None]
+
+
+def _expand(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Block scales [N, BR, BC] -> one per element [N, rows, cols]."""
+    full = scale.repeat_interleave(BLOCK, dim=1).repeat_interleave(BLOCK, dim=2)
+    return full[:, :rows, :cols]
+
+
+QUANTIZERS = {"int8": int8_rows, "fp8_block": fp8_blocks, "nvfp4": nvfp4_groups}
