@@ -192,57 +192,73 @@ def _slow_directions(centered: torch.Tensor, rank: int) -> torch.Tensor:
 
 
 def _write_experts(cfg: ModelConfig, layer: int, gen, writer, dtype, out_scale: float):
-    """All experts of a layer at once (three big draws), written per expert as HF names them;
-    -> (w13 [E, 2I, D], w2 [E, D, I]) as stored, in float32, for the sample run."""
+    """All experts of a layer, written per expert as HF names them; -> (the layer's bank as
+    stored, its format) for the sample run. Float experts are three big draws; quantised ones
+    are drawn, quantised and written a chunk of experts at a time, so the float32 draws never
+    sit in memory whole (seed-next's layer is 10 GB of them)."""
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size  # noqa: N806, E741
     base = f"model.layers.{layer}.mlp.experts"
     form = get_format(cfg.expert_format)
-    kept = torch.float32 if form.quantized else dtype  # quantised from the float32 draws
-    parts = {
-        "gate_proj": _randn(gen, E, I, D, scale=D**-0.5).to(kept),
-        "up_proj": _randn(gen, E, I, D, scale=D**-0.5).to(kept),
-        "down_proj": _randn(gen, E, D, I, scale=out_scale * I**-0.5).to(kept),
-    }
     if form.quantized:
-        return _write_quantized(form, base, parts, writer)
+        return _write_quantized(form, base, gen, (E, D, I), out_scale, writer), form
+    parts = {
+        "gate_proj": _randn(gen, E, I, D, scale=D**-0.5).to(dtype),
+        "up_proj": _randn(gen, E, I, D, scale=D**-0.5).to(dtype),
+        "down_proj": _randn(gen, E, D, I, scale=out_scale * I**-0.5).to(dtype),
+    }
     for e in range(E):
         for part, stored in parts.items():  # clone: safetensors refuses tensors sharing memory
             writer.add_stored(f"{base}.{e}.{part}.weight", stored[e].clone())
-    w13 = torch.cat((parts["gate_proj"], parts["up_proj"]), dim=1).float()
-    return w13, parts["down_proj"].float()
+    w13 = torch.cat((parts["gate_proj"], parts["up_proj"]), dim=1)
+    return {"w13": w13, "w2": parts["down_proj"]}, form
 
 
-def _write_quantized(form, base: str, drawn: dict, writer):
-    """Quantise the layer's float experts (vectorised over E), write each expert's tensors
-    as the format names them; -> the dequantised (w13, w2) in float32."""
-    w13 = torch.cat((drawn.pop("gate_proj"), drawn.pop("up_proj")), dim=1)  # [E, 2I, D]
-    parts = form.quantize(w13, drawn.pop("down_proj"))
-    del w13
+_QUANT_CHUNK = 1 << 27  # float32 elements drawn at once per projection (512 MB)
+
+
+def _write_quantized(form, base: str, gen, shape, out_scale: float, writer) -> dict:
+    """Draw, quantise (vectorised over a chunk of experts) and write each expert's tensors as
+    the format names them; -> the layer's quantised bank."""
+    E, D, I = shape  # noqa: N806, E741
+    per = max(1, _QUANT_CHUNK // (I * D))
+    chunks = []
+    for start in range(0, E, per):
+        n = min(per, E - start)
+        gate_up = _randn(gen, n, 2 * I, D, scale=D**-0.5)  # gate rows, then up rows
+        chunk = form.quantize(gate_up, _randn(gen, n, D, I, scale=out_scale * I**-0.5))
+        del gate_up
+        for e in range(n):
+            _write_quantized_expert(form, f"{base}.{start + e}", chunk, e, (D, I), writer)
+        chunks.append(chunk)
+    return {name: torch.cat([c[name] for c in chunks]) for name in chunks[0]}
+
+
+def _write_quantized_expert(form, prefix: str, chunk: dict, e: int, shape, writer) -> None:
+    hidden, inter = shape
     names = dict(zip(PROJECTIONS, ("gate_proj", "up_proj", "down_proj"), strict=True))
-    hidden, inter = parts["w2"].shape[-2], parts["w13"].shape[-2] // 2  # w2: D rows, w13: 2I
-    for e in range(parts["w13"].shape[0]):
-        expert = {k: v[e] for k, v in parts.items()}
-        for proj, tensors in form.projections(expert).items():
-            rows, cols = form.projection_shape(proj, hidden, inter)
-            for suffix, t in tensors.items():
-                shape = form.checkpoint_shape(suffix, rows, cols)
-                writer.add_stored(f"{base}.{e}.{names[proj]}.{suffix}", t.reshape(shape).clone())
-            for suffix, value in form.constants.items():
-                writer.add_stored(f"{base}.{e}.{names[proj]}.{suffix}", torch.tensor(value))
-    return form.dequantize(parts, torch.float32)
+    for proj, tensors in form.projections({k: v[e] for k, v in chunk.items()}).items():
+        rows, cols = form.projection_shape(proj, hidden, inter)
+        for suffix, t in tensors.items():
+            shape = form.checkpoint_shape(suffix, rows, cols)
+            writer.add_stored(f"{prefix}.{names[proj]}.{suffix}", t.reshape(shape).clone())
+        for suffix, value in form.constants.items():
+            writer.add_stored(f"{prefix}.{names[proj]}.{suffix}", torch.tensor(value))
 
 
 class _Recorder:
-    """Stands in for a strategy while synth runs the sample: records routing, computes."""
+    """Stands in for a strategy while synth runs the sample: records routing, computes each
+    routed expert from the layer's bank as stored (dequantised one expert at a time)."""
 
-    def __init__(self, w13, w2, num_experts: int):
-        self.w13, self.w2, self.num_experts, self.ids = w13, w2, num_experts, None
+    def __init__(self, bank: dict, form, num_experts: int):
+        self.bank, self.form, self.num_experts, self.ids = bank, form, num_experts, None
 
     def forward(self, layer, x, topk_ids, topk_weights):
         self.ids = topk_ids
         out = torch.zeros_like(x)
         for group in group_by_expert(topk_ids, topk_weights, self.num_experts):
-            add_expert(out, x, group, self.w13[group.expert], self.w2[group.expert])
+            expert = {name: t[group.expert] for name, t in self.bank.items()}
+            w13, w2 = self.form.dequantize(expert, torch.float32)
+            add_expert(out, x, group, w13, w2)
         return out
 
 
