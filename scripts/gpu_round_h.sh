@@ -11,12 +11,12 @@ show() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print(x['
 date -u
 echo "== gpu tests (formats)"; timeout 130 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/engine/test_grouped_gpu.py tests/engine/test_formats.py tests/engine/test_graphs.py 2>&1 | tail -3
 echo "== bench bw, every format"; date -u
-timeout 150 python3 -m ft bench bw --out $OUT/bw-formats.json 2>&1 | grep -v INFO | tail -12
+timeout 120 python3 -m ft bench bw --out $OUT/bw-formats.json 2>&1 | grep -v INFO | tail -12
 echo "== synth seed-next nvfp4, 4 layers"; date -u
-timeout 200 python3 -m ft model synth --preset seed-next --layers 4 --expert-format nvfp4 --out /tmp/sn4 2>&1 | tail -1; du -sh /tmp/sn4
+timeout 180 python3 -m ft model synth --preset seed-next --layers 4 --expert-format nvfp4 --out /tmp/sn4 2>&1 | tail -1; du -sh /tmp/sn4
 echo "== decode seed-next nvfp4, --gpu-memory-limit 24"; date -u
 timeout 110 python3 -m ft bench decode --model /tmp/sn4 --strategies offload,hybrid --moe-cache-rate 0.152 --gpu-memory-limit 24 --batch 1 --tokens 16 --warmup 3 --profile $OUT/bw-formats.json --json > $OUT/h-sn4.json 2>$OUT/h-sn4.err; show $OUT/h-sn4.json; grep -E "MoE experts|executor ready|fetching" $OUT/h-sn4.err | head -4
 echo "== kernels"; date -u
-timeout 60 python3 scripts/bench_moe_kernels.py > $OUT/kernels.jsonl 2>&1; tail -20 $OUT/kernels.jsonl | cut -c1-300
+timeout 50 python3 scripts/bench_moe_kernels.py > $OUT/kernels.jsonl 2>&1; tail -20 $OUT/kernels.jsonl | cut -c1-300
 date -u
 } 2>&1 | tee $OUT/round_h.log
