@@ -5,15 +5,12 @@ torch ops give, to float32 rounding in float32 and to a bf16 rounding step or tw
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 from ft.engine.fused import add_rms_norm, qk_norm_rope, rms_norm, rope
+from tests.engine.interpreter import run_interpreted
 
 
 def test_add_rms_norm_adds_then_normalises():
@@ -61,10 +58,6 @@ print("ok")
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 @pytest.mark.timeout(120)
 def test_triton_fused_kernels_match_torch_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}  # set before triton.jit wraps the kernels
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_INTERPRETED)], env=env, capture_output=True,
-        text=True, timeout=110,
-    )  # fmt: skip
+    proc = run_interpreted(_INTERPRETED, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")

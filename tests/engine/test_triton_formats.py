@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +13,7 @@ import torch
 from ft.engine.experts.dispatch import group_by_expert
 from ft.engine.experts.grouped import blocks_from_groups, reduce_pairs
 from ft.engine.experts.grouped import ref_moe_pairs as ref_pairs
+from tests.engine.interpreter import run_interpreted
 from tests.engine.quant_ref import FORMATS, dequantize, quantize
 
 N, T, K = 4, 4, 2  # slots, tokens, top-k: 8 pairs on 3 live slots, several pairs a slot
@@ -76,10 +74,7 @@ for fmt in FORMATS:
 def interpreted():
     """fmt -> "ok" or the failure, from one child process for all formats (TRITON_INTERPRET=1
     must be set before triton is imported; one import instead of one a format)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=280
-    )
+    proc = run_interpreted(_CHILD, timeout=280)
     results = {}
     for line in proc.stdout.splitlines():
         results.update(json.loads(line))
