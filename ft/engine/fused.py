@@ -1,9 +1,10 @@
-"""Fused decoder kernels: residual add + RMSNorm, and q/k RMSNorm + RoPE, one launch each on
-CUDA (Triton) where torch takes 5 and 9; the same arithmetic in torch elsewhere (and as the
-reference in tests). Both round as transformers does: normalise in float32, cast to the model's
-dtype, then scale by the weight in that dtype; RoPE's products and sum each rounded likewise.
+"""Fused decoder kernels: residual add + RMSNorm, q/k RMSNorm + RoPE, and the router's softmax
+top-k, one launch each on CUDA (Triton) where torch takes 5, 9 and 5; the same arithmetic in
+torch elsewhere (and as the reference in tests). The norms round as transformers does:
+normalise in float32, cast to the model's dtype, then scale by the weight in that dtype; RoPE's
+products and sum each rounded likewise.
 
-Legend: T = tokens, D = hidden, N = heads (q's then k's), d = head_dim.
+Legend: T = tokens, D = hidden, N = heads (q's then k's), d = head_dim, E = experts, K = top-k.
 """
 
 from __future__ import annotations
@@ -57,3 +58,20 @@ def _triton_qk_norm_rope(qk, weight, cos, sin, eps):
     out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)  # contiguous
     fused_triton.qk_norm_rope(qk, weight, cos, sin, out, eps)
     return out
+
+
+def route_topk(logits, top_k: int, norm: bool, dtype, backend: str = "torch"):
+    """Softmax top-k of router logits [T, E] -> ids [T, K] int64, weights [T, K] in `dtype`
+    (softmax and the renormalisation in float32)."""
+    if backend == "triton":
+        from ft.engine import fused_triton
+
+        ids = torch.empty(logits.shape[0], top_k, dtype=torch.long, device=logits.device)
+        weights = torch.empty(ids.shape, dtype=dtype, device=logits.device)
+        fused_triton.route_topk(logits, top_k, norm, ids, weights)
+        return ids, weights
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)  # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if norm:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights.to(dtype)

@@ -78,3 +78,73 @@ def qk_norm_rope(x, weight, cos, sin, out, eps: float) -> None:
         x, weight, cos, sin, out, N, x.stride(0), x.stride(1), cos.stride(0), eps,
         HALF=d // 2, DTYPE=_DTYPES[str(x.dtype)],
     )  # fmt: skip
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, ids_ptr, w_ptr, E, stride_l,
+    K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, NORM: tl.constexpr, DTYPE: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)  # one token
+    cols = tl.arange(0, BE)
+    z = tl.load(logits_ptr + t * stride_l + cols, mask=cols < E, other=float("-inf"))
+    z = z.to(tl.float32)
+    p = tl.exp(z - tl.max(z, axis=0))
+    p = p / tl.sum(p, axis=0)  # softmax in float32
+    p = tl.where(cols < E, p, -1.0)
+    slots = tl.arange(0, KP)
+    vals = tl.zeros((KP,), dtype=tl.float32)
+    idxs = tl.zeros((KP,), dtype=tl.int64)
+    for k in tl.static_range(K):  # top-k by K passes; ties go to the lower expert id
+        best = tl.max(p, axis=0)
+        idx = tl.min(tl.where(p == best, cols, BE), axis=0)
+        vals = tl.where(slots == k, best, vals)
+        idxs = tl.where(slots == k, idx, idxs)
+        p = tl.where(cols == idx, -1.0, p)
+    if NORM:
+        vals = vals / tl.sum(vals, axis=0)
+    tl.store(ids_ptr + t * K + slots, idxs, mask=slots < K)
+    tl.store(w_ptr + t * K + slots, vals.to(DTYPE), mask=slots < K)
+
+
+@triton.jit
+def _plan_kernel(
+    ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, P,
+    K: tl.constexpr, BP: tl.constexpr, TABLE: tl.constexpr,
+):  # fmt: skip
+    i = tl.arange(0, BP)
+    ok = i < P
+    key = tl.load(ids_ptr + i, mask=ok, other=2**30).to(tl.int32)  # padding sorts last
+    if TABLE:
+        slot = tl.load(table_ptr + key, mask=ok, other=-1)
+    else:
+        slot = key
+    same = key[None, :] == key[:, None]  # [BP, BP]
+    earlier = i[None, :] < i[:, None]
+    rank = tl.sum(((key[None, :] < key[:, None]) | (same & earlier)).to(tl.int32), axis=1)
+    first = tl.sum((same & earlier).to(tl.int32), axis=1) == 0  # the run's first pair
+    weight = tl.load(w_ptr + i, mask=ok, other=0.0)
+    tl.store(tok_ptr + rank, (i // K).to(tl.int64), mask=ok)
+    tl.store(slot_ptr + rank, slot, mask=ok)
+    tl.store(wout_ptr + rank, weight, mask=ok)
+    tl.store(bslot_ptr + rank, tl.where(first, slot, -1), mask=ok)
+    tl.store(bstart_ptr + i, i, mask=ok)
+
+
+def route_topk(logits, top_k: int, norm: bool, ids, weights) -> None:
+    """ids [T, K] int64, weights [T, K] (their dtype) = softmax top-k of logits [T, E]."""
+    T, E = logits.shape  # noqa: N806
+    _route_kernel[(T,)](
+        logits, ids, weights, E, logits.stride(0), K=top_k, KP=triton.next_power_of_2(top_k),
+        BE=triton.next_power_of_2(E), NORM=norm, DTYPE=_DTYPES[str(weights.dtype)],
+    )  # fmt: skip
+
+
+def plan_pairs(ids, weights, table, tok, slot, weight, block_start, block_slot) -> None:
+    """The decode work list in one program: pairs ordered by expert id (stable), each run's
+    first row owning a block; slot = table[expert] (table None: the expert id itself)."""
+    P, K = ids.numel(), ids.shape[1]  # noqa: N806
+    _plan_kernel[(1,)](
+        ids, weights, table if table is not None else ids, tok, slot, weight, block_start,
+        block_slot, P, K=K, BP=triton.next_power_of_2(P), TABLE=table is not None,
+    )  # fmt: skip

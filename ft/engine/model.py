@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from ft.engine.attention import Batch, Rope, attend
 from ft.engine.config import ModelConfig
 from ft.engine.experts.grouped import pick_backend
-from ft.engine.fused import add_rms_norm, qk_norm_rope, rope
+from ft.engine.fused import add_rms_norm, qk_norm_rope, rope, route_topk
 
 # short name -> HF name under `model.layers.{i}.`
 LAYER_TENSORS = {
@@ -28,13 +28,9 @@ LAYER_TENSORS = {
 }  # fmt: skip
 
 
-def route(cfg: ModelConfig, router: torch.Tensor, x: torch.Tensor):
+def route(cfg: ModelConfig, router: torch.Tensor, x: torch.Tensor, backend: str = "torch"):
     """Softmax top-k router: -> topk_ids [T, K], topk_weights [T, K]."""
-    probs = F.softmax(F.linear(x, router), dim=-1, dtype=torch.float32)  # [T, E]
-    weights, ids = torch.topk(probs, cfg.top_k, dim=-1)
-    if cfg.norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return ids, weights.to(x.dtype)
+    return route_topk(F.linear(x, router), cfg.top_k, cfg.norm_topk_prob, x.dtype, backend)
 
 
 def take_layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
@@ -101,7 +97,7 @@ class DecoderLayer:
         return self.moe.forward(self.index, x, topk_ids, topk_weights)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return route(self.cfg, self.w["router"], x)
+        return route(self.cfg, self.w["router"], x, self.kernel)
 
     def dense_mlp(self, x: torch.Tensor) -> torch.Tensor:
         w = self.w

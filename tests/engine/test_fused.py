@@ -36,7 +36,8 @@ def test_rope_keeps_the_norm_of_each_half_pair():
 
 _INTERPRETED = """
 import torch
-from ft.engine.fused import add_rms_norm, qk_norm_rope
+from ft.engine.experts.grouped import plan_blocks
+from ft.engine.fused import add_rms_norm, qk_norm_rope, route_topk
 
 gen = torch.Generator().manual_seed(3)
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
@@ -51,6 +52,18 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
     cos, sin = (torch.cat((f(angle),) * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
     got = qk_norm_rope(qk, wn, cos, sin, 1e-6, "triton")
     torch.testing.assert_close(got, qk_norm_rope(qk, wn, cos, sin, 1e-6), rtol=tol, atol=tol)
+    for experts, top_k, norm in ((16, 4, True), (20, 3, False)):  # E not a power of two, too
+        logits = torch.randn(5, experts, generator=gen).to(dtype)
+        ids, weights = route_topk(logits, top_k, norm, dtype, "triton")
+        want_ids, want_weights = route_topk(logits, top_k, norm, dtype)
+        assert torch.equal(ids, want_ids), (ids, want_ids)
+        torch.testing.assert_close(weights, want_weights, rtol=tol, atol=tol)
+        table = torch.randperm(experts, generator=gen).to(torch.int32)  # a cache's slots
+        for row in (None, table):
+            got, want = plan_blocks(ids, weights, row, "triton"), plan_blocks(ids, weights, row)
+            for field in ("tok", "slot", "weight", "block_start", "block_slot"):
+                assert torch.equal(getattr(got, field), getattr(want, field)), field
+            assert got.block_m == want.block_m
 print("ok")
 """
 
@@ -58,6 +71,8 @@ print("ok")
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 @pytest.mark.timeout(120)
 def test_triton_fused_kernels_match_torch_under_the_interpreter():
+    """Norms and RoPE; the router's top-k (same ids) and the decode work list (the same list,
+    field for field, with and without a slot table)."""
     proc = run_interpreted(_INTERPRETED, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")

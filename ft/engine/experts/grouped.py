@@ -67,6 +67,23 @@ def blocks_on_device(
     )  # fmt: skip
 
 
+def plan_blocks(ids, weights, table=None, backend: str = "torch") -> PairBlocks:
+    """The decode work list from the router's ids [T, K] and weights [T, K], no host sync:
+    slot = table[expert] (a cache's slot table row) or the expert id itself (table None).
+    One Triton program on CUDA; blocks_on_device's torch ops elsewhere (the same list)."""
+    if backend != "triton":
+        slots = ids if table is None else table[ids]
+        return blocks_on_device(slots, weights, None if table is None else ids)
+    from ft.engine.fused_triton import plan_pairs
+
+    p, dev = ids.numel(), ids.device
+    tok = torch.empty(p, dtype=torch.long, device=dev)
+    slot, block_start, block_slot = (torch.empty(p, dtype=torch.int32, device=dev) for _ in "sbo")
+    weight = torch.empty(p, dtype=weights.dtype, device=dev)
+    plan_pairs(ids, weights, table, tok, slot, weight, block_start, block_slot)
+    return PairBlocks(tok, slot, weight, block_start, block_slot, block_m_for(p))
+
+
 def blocks_from_groups(groups, slots: list[int], device) -> PairBlocks:
     """From expert groups (rows and weights on the device, sizes known on the host) and the
     cache slot of each group; the block list is built on the host and sent in one copy."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ft.engine.experts.cache import ExpertCache
-from ft.engine.experts.grouped import blocks_on_device
+from ft.engine.experts.grouped import plan_blocks
 from ft.engine.strategies.base import MoeStrategy
 
 
@@ -44,8 +44,8 @@ class OffloadStrategy(MoeStrategy):
             self.cache.prefetch(next_layer, [e for row in ids for e in row], keep_layer=layer)
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        slots = self.cache.slot_table[layer][topk_ids]  # [T, K]
-        blocks = blocks_on_device(slots, topk_weights, experts=topk_ids)
+        table = self.cache.slot_table[layer]  # [E] expert -> slot, as published at the stop
+        blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel)
         return self.run_blocks(x, self.cache.bank, blocks)
 
     def run_groups(self, layer, x, groups, out) -> None:

@@ -1,14 +1,14 @@
 """`resident`: every routed expert on the device; every use counts as a cache hit.
 
 Decode never waits for the device: the router's ids stay there, the work list is built there
-(`blocks_on_device`) and the experts used are counted there, read once per step by counters().
+(`plan_blocks`) and the experts used are counted there, read once per step by counters().
 """
 
 from __future__ import annotations
 
 import torch
 
-from ft.engine.experts.grouped import blocks_on_device
+from ft.engine.experts.grouped import plan_blocks
 from ft.engine.strategies.base import MoeStrategy
 
 
@@ -31,7 +31,7 @@ class ResidentStrategy(MoeStrategy):
         return self.compute(layer, x, topk_ids, topk_weights)
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        blocks = blocks_on_device(topk_ids, topk_weights)  # slot = expert id
+        blocks = plan_blocks(topk_ids, topk_weights, backend=self.kernel)  # slot = expert id
         self._uses_on_device += (blocks.block_slot >= 0).sum()  # distinct experts, no sync
         return self.run_blocks(x, self.banks[layer], blocks)
 
