@@ -1,4 +1,4 @@
-"""What an expert format is: its parts per expert (the bank layout of /work/notes/contract.md),
+"""What an expert format is: its parts per expert (the bank layout; README "Expert formats"),
 how float experts become those parts, how they become float again (a whole expert, or the block
 of I rows one CPU MoE task multiplies), and how the parts are named in a checkpoint.
 
