@@ -15,6 +15,7 @@ import torch
 
 from ft.engine.config import ModelConfig
 from ft.engine.experts.store import HostExpertStore
+from ft.engine.formats.base import PROJECTIONS
 from ft.errors import FtError
 
 # per-expert names: (gate, up, down) under `{prefix}.experts.{e}.`
@@ -126,7 +127,7 @@ def load_experts(reader: CheckpointReader, cfg: ModelConfig, dtype) -> HostExper
 def _fill_quantized(reader, cfg: ModelConfig, layer: int, store: HostExpertStore) -> None:
     """Per-expert tensors `{base}.{e}.{proj}.{suffix}`, as the format names them."""
     form, base = store.format, f"model.layers.{layer}.{cfg.moe_prefix}.experts"
-    names = dict(zip(("gate", "up", "down"), _EXPERT_NAMES[cfg.model_type], strict=True))
+    names = dict(zip(PROJECTIONS, _EXPERT_NAMES[cfg.model_type], strict=True))
     if not reader.has(f"{base}.0.{names['gate']}.weight"):
         raise FtError(f"checkpoint has no routed experts for layer {layer}")
     for e in range(cfg.num_experts):

@@ -9,16 +9,18 @@ from pathlib import Path
 import torch
 
 from ft.engine.config import ModelConfig
-from ft.engine.formats import ExpertFormat
+from ft.engine.formats import get_format
 
 
-def shard_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: ExpertFormat | None = None) -> int:
-    """Shards of at most 2 GiB; small models still get a few shards (the index is exercised).
-    `fmt`: the experts' format (None: float, in `dtype`)."""
-    D, I = cfg.hidden_size, cfg.moe_intermediate_size  # noqa: N806, E741
-    expert = fmt.expert_bytes(D, I, dtype) if fmt else 3 * D * I * dtype.itemsize
-    experts = cfg.num_experts * cfg.num_layers * expert
-    total = experts + 2 * cfg.vocab_size * D * dtype.itemsize
+def shard_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Shards of at most 2 GiB; small models still get a few shards (the index is exercised)."""
+    expert = get_format(cfg.expert_format).expert_bytes(
+        cfg.hidden_size, cfg.moe_intermediate_size, dtype
+    )
+    total = (
+        cfg.num_experts * cfg.num_layers * expert
+        + 2 * cfg.vocab_size * cfg.hidden_size * dtype.itemsize
+    )
     return max(1, min(2 << 30, total // 3))
 
 

@@ -7,8 +7,8 @@ the layer's router reads (a) the shared direction of those hidden states, weight
 expert with a Zipf-like bias (skewed popularity), and (b) their slowly drifting low-rank part
 (consecutive tokens reuse experts). The routing statistics printed are measured on that sample.
 
-`expert_format` other than bf16: the float experts drawn are quantised by the format (a whole
-layer at once), written under the names its public checkpoints use, with config.json's
+`expert_format` other than bf16: the float experts drawn are quantised by the format (a chunk
+of experts at a time), written under the names its public checkpoints use, with config.json's
 `quantization_config`; the sample runs through the dequantised experts, so the routing stats
 describe the checkpoint written. Dense weights stay in `dtype`.
 """
@@ -93,7 +93,7 @@ def _write(hf: dict, out: Path, dtype: torch.dtype, seed: int, on_layer) -> Rout
     (out / "config.json").write_text(json.dumps(hf, indent=2))
     cfg = ModelConfig.from_dict(hf)
     gen = torch.Generator().manual_seed(seed)
-    writer = ShardWriter(out, shard_bytes(cfg, dtype, get_format(cfg.expert_format)))
+    writer = ShardWriter(out, shard_bytes(cfg, dtype))
     common = _randn(gen, cfg.hidden_size)
     common = common / common.norm() * math.sqrt(cfg.hidden_size)  # shared by every token
     embed = _randn(gen, cfg.vocab_size, cfg.hidden_size, scale=0.8).add_(0.6 * common)

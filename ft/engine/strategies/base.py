@@ -58,17 +58,15 @@ class MoeStrategy:
         raise NotImplementedError
 
     def run_blocks(self, x, bank, blocks: PairBlocks) -> torch.Tensor:
-        """-> [T, D]: the work list's pairs computed from a bank of slots, no host sync."""
+        """-> [T, D] float32: each token's pairs of the work list, computed from a bank of
+        slots and summed, no host sync."""
         y = moe_pairs(x, bank, blocks, self.kernel, self.fmt)  # [P, D]
-        return reduce_pairs(blocks, y, x.shape[0]).to(x.dtype)
+        return reduce_pairs(blocks, y, x.shape[0])
 
     def compute_groups(self, x, bank, groups, slots: list[int], out) -> None:
         """out += every group's experts, read from bank slots `slots`: one batched compute."""
-        if not groups:
-            return
-        blocks = blocks_from_groups(groups, slots, x.device)
-        y = moe_pairs(x, bank, blocks, self.kernel, self.fmt)  # [P, D]
-        out += reduce_pairs(blocks, y, x.shape[0])
+        if groups:
+            out += self.run_blocks(x, bank, blocks_from_groups(groups, slots, x.device))
 
     def device_counters(self) -> list[torch.Tensor]:
         """Counters kept on the device (saved around CUDA-graph warm-ups)."""

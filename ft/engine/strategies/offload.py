@@ -46,7 +46,7 @@ class OffloadStrategy(MoeStrategy):
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         table = self.cache.slot_table[layer]  # [E] expert -> slot, as published at the stop
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel)
-        return self.run_blocks(x, self.cache.bank, blocks)
+        return self.run_blocks(x, self.cache.bank, blocks).to(x.dtype)
 
     def run_groups(self, layer, x, groups, out) -> None:
         step = self.cache.num_slots  # a layer needing more experts than slots goes in chunks

@@ -33,7 +33,7 @@ class ResidentStrategy(MoeStrategy):
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         blocks = plan_blocks(topk_ids, topk_weights, backend=self.kernel)  # slot = expert id
         self._uses_on_device += (blocks.block_slot >= 0).sum()  # distinct experts, no sync
-        return self.run_blocks(x, self.banks[layer], blocks)
+        return self.run_blocks(x, self.banks[layer], blocks).to(x.dtype)
 
     def run_groups(self, layer, x, groups, out) -> None:
         slots = [g.expert for g in groups]
