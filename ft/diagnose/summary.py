@@ -218,7 +218,7 @@ def _stacks_by_tid(stacks: list[dict]) -> dict[int, list[list[str]]]:
 
 def _last_native(stacks: list[dict]) -> dict[int, list[str]]:
     return {
-        th["tid"]: th["frames"]
+        th["tid"]: th.get("native", th["frames"])
         for rec in stacks
         if rec.get("source") == "py-spy"
         for th in rec["threads"]

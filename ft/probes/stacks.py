@@ -112,20 +112,28 @@ class PySpy:
 
 
 def pyspy_record(pid: int, dump: list[dict]) -> dict:
-    """py-spy's JSON (leaf-first frames) as the agent's record shape (root-first strings)."""
+    """py-spy's JSON (leaf-first frames) as the agent's record shape (root-first strings).
+
+    `frames` keeps the Python frames alone, as the agent sees them, so a hot thread's verdict
+    names the Python function that burns, not the libc or vdso call it happened to be in
+    (with --native, py-spy marks native frames by their `module`). `native` keeps the mixed
+    stack for the report's native-stack section.
+    """
     threads = []
     for th in dump:
-        frames = [
-            f"{f['name']} ({f.get('short_filename') or '?'}:{f.get('line', 0)})"
-            for f in th["frames"]
-        ]
+        mixed = [(_frame_name(f), f.get("module") is not None) for f in th["frames"]]
         threads.append(
             {
                 "ident": th.get("thread_id"),
                 "tid": th.get("os_thread_id"),
                 "name": th.get("thread_name"),
                 "active": th.get("active"),
-                "frames": frames[::-1],
+                "frames": [name for name, native in reversed(mixed) if not native],
+                "native": [name for name, _ in reversed(mixed)],
             }
         )
     return {"kind": "stacks", "source": "py-spy", "t": time.time(), "pid": pid, "threads": threads}
+
+
+def _frame_name(frame: dict) -> str:
+    return f"{frame['name']} ({frame.get('short_filename') or '?'}:{frame.get('line', 0)})"

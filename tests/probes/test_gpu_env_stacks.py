@@ -54,6 +54,21 @@ def test_pyspy_record_is_root_first_like_the_agents():
     assert rec["threads"][0]["tid"] == 7
 
 
+def test_pyspy_native_frames_stay_out_of_the_python_stack():
+    libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    dump = [
+        {"thread_id": 1, "os_thread_id": 7, "thread_name": "MainThread", "active": True,
+         "frames": [{"name": "0x7f98194d0b46", "short_filename": "[vdso]", "module": "[vdso]"},
+                    {"name": "clock_gettime", "short_filename": "libc.so.6", "module": libc},
+                    {"name": "spin", "short_filename": "a.py", "line": 3, "module": None},
+                    {"name": "<module>", "short_filename": "a.py", "line": 9}]}
+    ]  # fmt: skip
+    th = stacks.pyspy_record(7, dump)["threads"][0]
+    assert th["frames"] == ["<module> (a.py:9)", "spin (a.py:3)"]
+    assert th["native"][-2:] == ["clock_gettime (libc.so.6:0)", "0x7f98194d0b46 ([vdso]:0)"]
+    assert len(th["native"]) == 4
+
+
 def fake_nvml(util: int = 0, rx_kbs: int = 12_000_000):
     """A stand-in pynvml: one gen-3 x16 board, so the GPU path runs on a CPU-only box."""
     from types import SimpleNamespace as NS
