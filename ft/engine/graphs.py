@@ -9,11 +9,12 @@ captured once per (batch size, KV length bucket) and replayed:
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
 misses (copies on the cache's stream) and publishes their slots to the device; the next stretch's
-`compute` reads them there. Where the strategy prefetches, the stretch also runs the next cut's
-router on this cut's input, and `prepare` starts copying that guess's misses, so they cross PCIe
-while the next stretch computes. Stretches read one set of buffers and write the other, so the
-warm-up run before a capture, on the step's real inputs, changes nothing. Keys are attended over
-a bucket of KV_BUCKET positions, the padding masked; sampling stays outside the graphs.
+`compute` reads them there (`run_step`). Where the strategy prefetches, the stretch also runs the
+next cut's router on this cut's input, and once the next stretch is launched, `prefetch` starts
+copying that guess's misses, so they cross PCIe while that stretch computes. Stretches read one
+set of buffers and write the other, so the warm-up run before a capture, on the step's real
+inputs, changes nothing. Keys are attended over a bucket of KV_BUCKET positions, the padding
+masked; sampling stays outside the graphs.
 
 Legend: B = sequences, D = hidden, K = experts per token, V = vocab.
 """
@@ -102,13 +103,34 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     return dst.stop[:b]
 
 
-def stop(strategy, cuts: list[int], k: int, rows: list[list[int]]) -> None:
-    """The host's part at cut k, given the stop rows [B][2K] the stretch before it wrote."""
-    top_k = len(rows[0]) // 2
+def run_step(strategy, cuts: list[int], launch) -> torch.Tensor:
+    """The host's loop over one decode step's stretches; `launch(k)` queues stretch k and returns
+    its output (the stop rows [B, 2K], or on the last stretch the logits).
+
+    At cut k the host reads the rows (the step's one sync per cut), makes the cut's experts
+    ready (`prepare`: fetch the misses, publish the slots) and launches the next stretch; only
+    then does it start copying the next cut's guessed misses (`prefetch`), so the GPU is not
+    kept waiting for those calls and the copies overlap the stretch just queued. That stretch
+    reads the cut's experts only, which a prefetch never evicts.
+    """
     guess = None
+    for k in range(len(cuts) + 1):
+        out = launch(k)
+        if guess is not None:
+            strategy.prefetch(*guess)
+        if k < len(cuts):
+            guess = stop(strategy, cuts, k, out.tolist())
+    return out
+
+
+def stop(strategy, cuts: list[int], k: int, rows: list[list[int]]):
+    """The host's part at cut k before the next stretch, given the stop rows [B][2K] the stretch
+    before it wrote -> the prefetch to start once the next stretch is queued, or None."""
+    top_k = len(rows[0]) // 2
+    strategy.prepare(cuts[k], [row[:top_k] for row in rows])
     if strategy.prefetch_next and k + 1 < len(cuts):
-        guess = (cuts[k + 1], [row[top_k:] for row in rows])
-    strategy.prepare(cuts[k], [row[:top_k] for row in rows], guess)
+        return cuts[k + 1], [row[top_k:] for row in rows], cuts[k]  # (layer, ids, keep_layer)
+    return None
 
 
 class DecodeGraphs:
@@ -136,13 +158,15 @@ class DecodeGraphs:
         self.slots[:b].copy_(batch.slots)
         key = (b, kv_bucket(max(s.start for s in batch.spans) + 1, self.max_len))
         stretches = self.graphs.setdefault(key, [])
-        for k in range(len(self.cuts) + 1):
+
+        def launch(k: int) -> torch.Tensor:
             if k == len(stretches):  # first step with this key: capture as we go
                 stretches.append(self._capture(k, *key))
             graph, out = stretches[k]
             graph.replay()
-            if k < len(self.cuts):
-                stop(self.strategy, self.cuts, k, out.tolist())  # the cut's one host sync
+            return out
+
+        out = run_step(self.strategy, self.cuts, launch)
         return out.clone()  # graphs share one memory pool: the next replay may reuse `out`
 
     def _run(self, k: int, b: int, kv_len: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ft.engine.config import EngineConfig
-from ft.engine.graphs import Handoff, cut_layers, decode_logits, kv_bucket, run_stretch, stop
+from ft.engine.graphs import Handoff, cut_layers, decode_logits, kv_bucket, run_step, run_stretch
 from ft.engine.runner import LLMEngine, SamplingParams
 
 PROMPTS = [[5, 9, 13], [40, 2, 77, 31, 8, 1, 6], [88]]
@@ -49,11 +49,17 @@ def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, prefet
     buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu") for _ in range(2)]
     inputs = (batch.token_ids, batch.positions, batch.slots, 64)
     uses = strategy.counters()["expert_uses"]
-    for k in range(len(cuts) + 1):
+    launched = []
+
+    def launch(k):
+        launched.append(k)
         out = run_stretch(model, cuts, k, buffers[k % 2], buffers[(k + 1) % 2], inputs)
         if k < len(cuts):
             assert out.shape == (3, 2 * model.cfg.top_k)  # the cut's routed ids, the next's guess
-            stop(strategy, cuts, k, out.tolist())
+        return out
+
+    out = run_step(strategy, cuts, launch)
+    assert launched == list(range(len(cuts) + 1))
     counters = strategy.counters()
     stretched_uses = counters["expert_uses"] - uses
     assert (counters["experts_prefetched"] > 0) == prefetch
@@ -61,6 +67,38 @@ def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, prefet
     expected = model.forward(batch)  # eager: offload's own per-layer sync path
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)  # keys padded to 64 here
     assert strategy.counters()["expert_uses"] - uses == 2 * stretched_uses
+
+
+class RecordingStrategy:
+    """Stands in for offload at the stops: records what the host does, in order."""
+
+    prefetch_next = True
+
+    def __init__(self):
+        self.calls = []
+
+    def prepare(self, layer, topk_ids):
+        self.calls.append(("prepare", layer, topk_ids))
+
+    def prefetch(self, layer, topk_ids, keep_layer):
+        self.calls.append(("prefetch", layer, topk_ids, keep_layer))
+
+
+def test_a_stop_prefetches_only_after_the_next_stretch_is_launched():
+    strategy, cuts = RecordingStrategy(), [1, 3]
+    rows = {0: [[4, 5, 6, 7]], 1: [[6, 7, 0, 1]]}  # K=2: routed ids, then the next cut's guess
+
+    def launch(k):
+        strategy.calls.append(("launch", k))
+        return torch.tensor(rows[k]) if k < len(cuts) else torch.zeros(1, 8)
+
+    out = run_step(strategy, cuts, launch)
+    assert out.shape == (1, 8)  # the last stretch's logits
+    assert strategy.calls == [
+        ("launch", 0), ("prepare", 1, [[4, 5]]),
+        ("launch", 1), ("prefetch", 3, [[6, 7]], 1), ("prepare", 3, [[6, 7]]),
+        ("launch", 2),
+    ]  # fmt: skip
 
 
 def test_resident_decode_is_one_stretch(synth_tiny):

@@ -66,7 +66,11 @@ class ExpertCache:
     def prefetch(self, layer: int, experts: list[int], keep_layer: int) -> None:
         """Start copying the absent ones of these experts of `layer` into slots, ahead of need;
         the compute stream waits for them only if `ensure` later asks for them. Stops rather
-        than evict an expert of `keep_layer` (the layer whose compute is queued next)."""
+        than evict an expert of `keep_layer` (the layer whose compute is queued next).
+
+        The copies do not wait for the compute stream: it may already run the next stretch,
+        and the only queued work that reads slots is keep_layer's, which is never evicted;
+        older reads ended at the host sync that preceded this stop."""
         missing = [e for e in dict.fromkeys(experts) if (layer, e) not in self._slot_of]
         missing = missing[: self._evictable(keep_layer, len(missing))]
         if not missing:
@@ -77,7 +81,6 @@ class ExpertCache:
             for expert in missing:
                 self._load(layer, expert, non_blocking=False)
             return
-        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._copy_stream):
             for expert in missing:
                 self._load(layer, expert, non_blocking=True)

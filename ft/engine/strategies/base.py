@@ -46,11 +46,15 @@ class MoeStrategy:
         """Whether `pairs` routed (token, expert) pairs take the device work-list path."""
         return pairs <= MAX_DEVICE_PAIRS
 
-    prefetch_next = False  # host_stop strategies: whether `prepare` takes the next layer's guess
+    prefetch_next = False  # host_stop strategies: whether a stop also prefetches a guess
 
-    def prepare(self, layer: int, topk_ids: list[list[int]], guess=None) -> None:
-        """host_stop strategies: make this layer's experts ready for `compute` (host side);
-        `guess`: (next MoE layer, ids [T][K] its router picks from this layer's input)."""
+    def prepare(self, layer: int, topk_ids: list[list[int]]) -> None:
+        """host_stop strategies: make this layer's experts ready for `compute` (host side)."""
+        raise NotImplementedError
+
+    def prefetch(self, layer: int, topk_ids: list[list[int]], keep_layer: int) -> None:
+        """prefetch_next strategies: start fetching the experts a router guesses `layer` will
+        use [T][K], without evicting any of `keep_layer`'s (its compute is queued)."""
         raise NotImplementedError
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:

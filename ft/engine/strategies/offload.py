@@ -34,14 +34,14 @@ class OffloadStrategy(MoeStrategy):
     def decode_fits(self, pairs: int) -> bool:
         return super().decode_fits(pairs) and pairs <= self.cache.num_slots
 
-    def prepare(self, layer: int, topk_ids: list[list[int]], guess=None) -> None:
+    def prepare(self, layer: int, topk_ids: list[list[int]]) -> None:
         experts = sorted({e for row in topk_ids for e in row})
         self.expert_uses += len(experts)
         self.cache.ensure(layer, experts)
         self.cache.publish(layer)
-        if guess is not None:  # (next MoE layer, its router's ids on this layer's input)
-            next_layer, ids = guess
-            self.cache.prefetch(next_layer, [e for row in ids for e in row], keep_layer=layer)
+
+    def prefetch(self, layer: int, topk_ids: list[list[int]], keep_layer: int) -> None:
+        self.cache.prefetch(layer, [e for row in topk_ids for e in row], keep_layer)
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         table = self.cache.slot_table[layer]  # [E] expert -> slot, as published at the stop
