@@ -34,6 +34,13 @@ def cuda_graphs() -> bool:
     return os.environ.get("FT_CUDA_GRAPHS", "") not in ("", "0", "false", "no")
 
 
+def decode_attention() -> str:
+    """FT_DECODE_ATTENTION: sdpa (default) | triton: decode attention as one Triton kernel that
+    also writes the step's K/V (where the fused kernels are Triton); experimental, unmeasured."""
+    value = os.environ.get("FT_DECODE_ATTENTION", "sdpa").lower()
+    return value if value in ("sdpa", "triton") else "sdpa"
+
+
 def api_key() -> str | None:
     """FT_API_KEY: the key `ft serve` requires and `ft bench serve` sends (default: none)."""
     return os.environ.get("FT_API_KEY") or None

@@ -6,12 +6,14 @@ S = cache slots (sequences), M = max_model_len.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ft import settings
 from ft.log import get_logger
 
 log = get_logger("ft.engine")
@@ -105,10 +107,18 @@ class Rope:
         return tables
 
 
-def attend(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
-    """Write this batch's k/v into the cache, attend; q [T, H, d], k/v [T, G, d] -> [T, H*d]."""
+def decode_backend(kernel: str, head_dim: int) -> str:
+    """A layer's decode attention: "triton" (one launch, attention_triton.py) where its fused
+    kernels are Triton, d >= 16 (tl.dot's least) and FT_DECODE_ATTENTION=triton; else "sdpa"."""
+    wanted = settings.decode_attention() == "triton"
+    return "triton" if wanted and kernel == "triton" and head_dim >= 16 else "sdpa"
+
+
+def attend(q, k, v, k_cache, v_cache, batch: Batch, decode: str = "sdpa") -> torch.Tensor:
+    """Write this batch's k/v into the cache, attend; q [T, H, d], k/v [T, G, d] -> [T, H*d].
+    decode: "sdpa" | "triton", the decode path (prefill is SDPA either way)."""
     if batch.is_decode:
-        return _attend_decode(q, k, v, k_cache, v_cache, batch)
+        return _attend_decode(q, k, v, k_cache, v_cache, batch, decode)
     return _attend_prefill(q, k, v, k_cache, v_cache, batch)
 
 
@@ -129,8 +139,10 @@ def _attend_prefill(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
     return torch.cat(out)
 
 
-def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
+def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch, backend: str = "sdpa") -> torch.Tensor:
     """One new token per sequence, all sequences in one attention call, padded to the longest."""
+    if backend == "triton":
+        return _triton_decode(q, k, v, k_cache, v_cache, batch)
     k_cache[batch.slots, batch.positions] = k  # [B, G, d] scattered into their slots
     v_cache[batch.slots, batch.positions] = v
     longest = batch.kv_len or max(s.start for s in batch.spans) + 1  # CUDA graphs fix kv_len
@@ -139,3 +151,15 @@ def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
     query = q[:, :, None, :]  # [B, H, 1, d]
     o = _sdpa(query, keys, values, batch.decode_mask(longest))
     return o.reshape(q.shape[0], -1)
+
+
+def _triton_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
+    """The same in one Triton launch, over each sequence's own keys (kv_len is not needed)."""
+    from ft.engine import attention_triton
+
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
+    scale = 1 / math.sqrt(q.shape[-1])  # SDPA's default
+    attention_triton.decode_attention(
+        q, k, v, k_cache, v_cache, batch.slots, batch.positions, out, scale
+    )
+    return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ft import settings
 from ft.engine.attention import KVCache, Rope
 from ft.engine.config import EngineConfig, ModelConfig
 from ft.engine.experts.grouped import pick_backend
@@ -86,6 +87,8 @@ def build_engine_parts(
     except BaseException:
         strategy.close()  # hybrid's pool threads and torch's thread count
         raise
+    if settings.decode_attention() == "triton":  # opt-in: say whether it took effect
+        log.info(f"Decode attention: {model.layers[0].decode} (FT_DECODE_ATTENTION=triton)")
     return EngineParts(config, cfg, model, strategy, tokenizer, max_len, slots, cache_size, stops)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ft.engine.attention import Batch, Rope, attend
+from ft.engine.attention import Batch, Rope, attend, decode_backend
 from ft.engine.config import ModelConfig
 from ft.engine.experts.grouped import pick_backend
 from ft.engine.fused import add_rms_norm, qk_norm_rope, rope, route_topk
@@ -63,6 +63,7 @@ class DecoderLayer:
         self.cfg, self.index, self.w, self.rope, self.moe = cfg, index, w, rope, moe
         self.k_cache, self.v_cache = kv  # [S, M, G, d] each: this layer's part of the KV cache
         self.kernel = fused_kernel(w["ln1"].device, cfg.head_dim)  # "triton" | "torch"
+        self.decode = decode_backend(self.kernel, cfg.head_dim)  # "triton" | "sdpa"
 
     @property
     def is_moe(self) -> bool:
@@ -89,7 +90,7 @@ class DecoderLayer:
             qk = qk_norm_rope(qk, w["qk_norm"], cos, sin, cfg.rms_norm_eps, self.kernel)
         else:
             qk = rope(qk, cos, sin)
-        o = attend(qk[:, :H], qk[:, H:], v, self.k_cache, self.v_cache, batch)  # [T, H*d]
+        o = attend(qk[:, :H], qk[:, H:], v, self.k_cache, self.v_cache, batch, self.decode)
         return F.linear(o, w["o"], w.get("o_bias"))
 
     def sparse_mlp(self, x: torch.Tensor) -> torch.Tensor:
