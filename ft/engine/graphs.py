@@ -13,8 +13,8 @@ misses (copies on the cache's stream) and publishes their slots to the device; t
 next cut's router on this cut's input, and once the next stretch is launched, `prefetch` starts
 copying that guess's misses, so they cross PCIe while that stretch computes. Stretches read one
 set of buffers and write the other, so the warm-up run before a capture, on the step's real
-inputs, changes nothing. Keys are attended over a bucket of KV_BUCKET positions, the padding
-masked; sampling stays outside the graphs.
+inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding masked (the
+Triton decode attention needs no bucket); sampling stays outside the graphs.
 
 Legend: B = sequences, D = hidden, K = experts per token, V = vocab.
 """
@@ -40,8 +40,8 @@ def decode_logits(model, tokens, positions, slots, kv_len: int) -> torch.Tensor:
     return model.logits(h, delta)
 
 
-def kv_bucket(longest: int, max_len: int) -> int:
-    return min(-(-longest // KV_BUCKET) * KV_BUCKET, max_len)
+def kv_bucket(longest: int, max_len: int, bucket: int = KV_BUCKET) -> int:
+    return min(-(-longest // bucket) * bucket, max_len)
 
 
 def _decode_batch(tokens, positions, slots, kv_len: int) -> Batch:
@@ -139,6 +139,10 @@ class DecodeGraphs:
     def __init__(self, model, strategy, max_batch: int, max_len: int, device):
         self.model, self.strategy, self.max_len = model, strategy, max_len
         self.cuts = cut_layers(model, strategy)
+        # SDPA attends over a fixed key count (the bucket); the Triton decode attention reads
+        # each sequence's own length on the device, so one graph serves every length
+        sdpa = any(layer.decode == "sdpa" for layer in model.layers)
+        self.bucket = KV_BUCKET if sdpa else max_len
         self.tokens = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros_like(self.tokens)
         self.slots = torch.zeros_like(self.tokens)
@@ -156,7 +160,7 @@ class DecodeGraphs:
         self.tokens[:b].copy_(batch.token_ids)
         self.positions[:b].copy_(batch.positions)
         self.slots[:b].copy_(batch.slots)
-        key = (b, kv_bucket(max(s.start for s in batch.spans) + 1, self.max_len))
+        key = (b, kv_bucket(max(s.start for s in batch.spans) + 1, self.max_len, self.bucket))
         stretches = self.graphs.setdefault(key, [])
 
         def launch(k: int) -> torch.Tensor:

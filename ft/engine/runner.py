@@ -105,11 +105,13 @@ class LLMEngine:
         capturable = self.strategy.graph_safe or self.strategy.host_stop
         if not (settings.cuda_graphs() and self.device.type == "cuda" and capturable):
             return None
-        from ft.engine.graphs import KV_BUCKET, DecodeGraphs
+        from ft.engine.graphs import DecodeGraphs
 
+        graphs = DecodeGraphs(self.model, self.strategy, max_batch, self.max_model_len, self.device)
         per = "step" if self.strategy.graph_safe else "stretch between MoE layers' host stops"
-        log.info(f"CUDA graphs: decode captured per {per}, batch size and {KV_BUCKET}-key bucket")
-        return DecodeGraphs(self.model, self.strategy, max_batch, self.max_model_len, self.device)
+        keys = "" if graphs.bucket == self.max_model_len else f" and {graphs.bucket}-key bucket"
+        log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}")
+        return graphs
 
     def _run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         batch = self._batch(seqs, is_prefill)

@@ -17,6 +17,7 @@ PROMPTS = [[5, 9, 13], [40, 2, 77, 31, 8, 1, 6], [88]]
 def test_kv_bucket_rounds_up_and_caps():
     assert (kv_bucket(1, 4096), kv_bucket(256, 4096), kv_bucket(257, 4096)) == (256, 256, 512)
     assert kv_bucket(300, 320) == 320
+    assert kv_bucket(1, 4096, bucket=4096) == kv_bucket(4000, 4096, bucket=4096) == 4096
 
 
 def test_padded_decode_equals_the_model_forward(synth_tiny):
