@@ -3,18 +3,19 @@
 The step is cut where the MoE strategy needs the host, and each stretch between two cuts is
 captured once per (batch size, KV length bucket) and replayed:
 
-    resident (graph_safe): [embed, L0 .. L47, norm, lm_head]                  1 graph
-    offload  (host_stop):  [embed, L0 attn+route] -host- [L0 experts, L1 attn+route] -host- ...
-                           [L47 experts, norm, lm_head]                       49 graphs
+    resident (graph_safe):        [embed, L0 .. L47, norm, lm_head]           1 graph
+    offload, hybrid (host_stop):  [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
+                                  -host- ... [L47 experts, norm, lm_head]     49 graphs
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
 misses (copies on the cache's stream) and publishes their slots to the device; the next stretch's
-`compute` reads them there (`run_step`). Where the strategy prefetches, the stretch also runs the
-next cut's router on this cut's input, and once the next stretch is launched, `prefetch` starts
-copying that guess's misses, so they cross PCIe while that stretch computes. Stretches read one
-set of buffers and write the other, so the warm-up run before a capture, on the step's real
-inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding masked (the
-Triton decode attention needs no bucket); sampling stays outside the graphs.
+`compute` reads them there (`run_step`); hybrid's stop also runs the CPU's share of the layer and
+leaves its result in a device buffer that `compute` adds. Where the strategy prefetches, the stretch
+also runs the next cut's router on this cut's input, and once the next stretch is launched,
+`prefetch` starts copying that guess's misses, so they cross PCIe while that stretch computes.
+Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
+step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
+masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
 
 Legend: B = sequences, D = hidden, K = experts per token, V = vocab.
 """
@@ -66,6 +67,10 @@ class Handoff:
         stop = torch.zeros(max_batch, 2 * cfg.top_k, dtype=torch.long, device=device)
         return cls(act(), act(), ids, torch.zeros(ids.shape, dtype=dtype, device=device), stop)
 
+    def rows(self, b: int) -> Handoff:
+        """The first b sequences' rows (views: the same static buffers)."""
+        return Handoff(self.h[:b], self.x[:b], self.ids[:b], self.weights[:b], self.stop[:b])
+
     def write(self, b: int, h, x, ids, weights, guess) -> None:
         k = ids.shape[1]
         pairs = (self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)
@@ -78,9 +83,9 @@ def cut_layers(model, strategy) -> list[int]:
     return [layer.index for layer in model.layers if layer.is_moe] if strategy.host_stop else []
 
 
-def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs) -> torch.Tensor:
-    """Stretch k of the step: finish cut k-1's experts, run to cut k's routing (-> dst), or on
-    the last stretch to the logits (returned)."""
+def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs):
+    """Stretch k of the step: finish cut k-1's experts, run to cut k's routing (-> dst's first
+    B rows, returned), or on the last stretch to the logits (returned)."""
     tokens, positions, slots, kv_len = inputs
     batch, b = _decode_batch(tokens, positions, slots, kv_len), tokens.shape[0]
     if k == 0:
@@ -100,12 +105,12 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     prefetch = layer.moe.prefetch_next and k + 1 < len(cuts)
     guess = model.layers[cuts[k + 1]].route(x)[0] if prefetch else ids
     dst.write(b, h, x, ids, weights, guess)
-    return dst.stop[:b]
+    return dst.rows(b)
 
 
 def run_step(strategy, cuts: list[int], launch) -> torch.Tensor:
     """The host's loop over one decode step's stretches; `launch(k)` queues stretch k and returns
-    its output (the stop rows [B, 2K], or on the last stretch the logits).
+    its output (the Handoff rows it writes, or on the last stretch the logits).
 
     At cut k the host reads the rows (the step's one sync per cut), makes the cut's experts
     ready (`prepare`: fetch the misses, publish the slots) and launches the next stretch; only
@@ -119,15 +124,16 @@ def run_step(strategy, cuts: list[int], launch) -> torch.Tensor:
         if guess is not None:
             strategy.prefetch(*guess)
         if k < len(cuts):
-            guess = stop(strategy, cuts, k, out.tolist())
+            guess = stop(strategy, cuts, k, out)
     return out
 
 
-def stop(strategy, cuts: list[int], k: int, rows: list[list[int]]):
-    """The host's part at cut k before the next stretch, given the stop rows [B][2K] the stretch
+def stop(strategy, cuts: list[int], k: int, handoff: Handoff):
+    """The host's part at cut k before the next stretch, given the Handoff rows the stretch
     before it wrote -> the prefetch to start once the next stretch is queued, or None."""
+    rows = handoff.stop.tolist()  # [B][2K]: the cut's one host sync
     top_k = len(rows[0]) // 2
-    strategy.prepare(cuts[k], [row[:top_k] for row in rows])
+    strategy.prepare(cuts[k], [row[:top_k] for row in rows], handoff.x, handoff.weights)
     if strategy.prefetch_next and k + 1 < len(cuts):
         return cuts[k + 1], [row[top_k:] for row in rows], cuts[k]  # (layer, ids, keep_layer)
     return None

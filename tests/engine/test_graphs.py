@@ -36,17 +36,19 @@ def decode_batch(engine):
     return engine._batch(seqs, is_prefill=False)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, prefetch):
+@pytest.mark.parametrize(
+    "strategy_name,prefetch", [("offload", False), ("offload", True), ("hybrid", False)]
+)
+def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, strategy_name, prefetch):
     config = EngineConfig(
-        model=str(synth_tiny[0]), device="cpu", max_model_len=64, moe_strategy="offload",
-        moe_cache_size=14, moe_prefetch=prefetch,
+        model=str(synth_tiny[0]), device="cpu", max_model_len=64, moe_strategy=strategy_name,
+        moe_cache_size=14, moe_prefetch=prefetch, moe_hybrid_max_fetch=0.3, cpu_moe_threads=1,
     )  # fmt: skip
     engine = LLMEngine(config)
     model, strategy = engine.model, engine.strategy
     batch = decode_batch(engine)
     cuts = cut_layers(model, strategy)
-    assert cuts == engine.model_config.moe_layers  # offload stops at every MoE layer
+    assert cuts == engine.model_config.moe_layers  # a stop at every MoE layer
     buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu") for _ in range(2)]
     inputs = (batch.token_ids, batch.positions, batch.slots, 64)
     uses = strategy.counters()["expert_uses"]
@@ -55,8 +57,8 @@ def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, prefet
     def launch(k):
         launched.append(k)
         out = run_stretch(model, cuts, k, buffers[k % 2], buffers[(k + 1) % 2], inputs)
-        if k < len(cuts):
-            assert out.shape == (3, 2 * model.cfg.top_k)  # the cut's routed ids, the next's guess
+        if k < len(cuts):  # the cut's routed ids, then the next cut's guess
+            assert out.stop.shape == (3, 2 * model.cfg.top_k)
         return out
 
     out = run_step(strategy, cuts, launch)
@@ -65,9 +67,11 @@ def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, prefet
     stretched_uses = counters["expert_uses"] - uses
     assert (counters["experts_prefetched"] > 0) == prefetch
     assert counters["cache_hits"] + counters["cache_misses"] == counters["expert_uses"]
-    expected = model.forward(batch)  # eager: offload's own per-layer sync path
+    assert (counters["experts_cpu"] > 0) == (strategy_name == "hybrid")  # the CPU's share ran
+    expected = model.forward(batch)  # eager: the strategy's own per-layer sync path
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)  # keys padded to 64 here
     assert strategy.counters()["expert_uses"] - uses == 2 * stretched_uses
+    engine.close()
 
 
 class RecordingStrategy:
@@ -78,7 +82,7 @@ class RecordingStrategy:
     def __init__(self):
         self.calls = []
 
-    def prepare(self, layer, topk_ids):
+    def prepare(self, layer, topk_ids, x, topk_weights):
         self.calls.append(("prepare", layer, topk_ids))
 
     def prefetch(self, layer, topk_ids, keep_layer):
@@ -91,7 +95,11 @@ def test_a_stop_prefetches_only_after_the_next_stretch_is_launched():
 
     def launch(k):
         strategy.calls.append(("launch", k))
-        return torch.tensor(rows[k]) if k < len(cuts) else torch.zeros(1, 8)
+        if k == len(cuts):
+            return torch.zeros(1, 8)  # the logits
+        return Handoff(
+            *(torch.zeros(1, 4),) * 2, ids=None, weights=None, stop=torch.tensor(rows[k])
+        )
 
     out = run_step(strategy, cuts, launch)
     assert out.shape == (1, 8)  # the last stretch's logits
@@ -116,6 +124,7 @@ def generate(model_dir, monkeypatch, graphs: bool, **config):
     while engine.has_unfinished():
         for out in engine.step():
             outs[out.seq_id].append(out.token_id)
+    engine.close()  # hybrid's pool threads
     return [outs[i] for i in ids], engine.stats
 
 
@@ -128,9 +137,13 @@ def test_cuda_graphs_decode_like_eager(synth_tiny, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_offload_graphs_decode_like_eager(synth_tiny, monkeypatch, prefetch):
-    config = dict(moe_strategy="offload", moe_cache_size=14, moe_prefetch=prefetch)  # evictions
+@pytest.mark.parametrize(
+    "strategy_name,prefetch", [("offload", False), ("offload", True), ("hybrid", False)]
+)
+def test_host_stop_graphs_decode_like_eager(synth_tiny, monkeypatch, strategy_name, prefetch):
+    config = dict(moe_strategy=strategy_name, moe_cache_size=14, moe_prefetch=prefetch)  # evicts
+    if strategy_name == "hybrid":
+        config.update(moe_hybrid_max_fetch=0.3, cpu_moe_threads=2)
     eager, eager_stats = generate(synth_tiny[0], monkeypatch, graphs=False, **config)
     graphed, graphed_stats = generate(synth_tiny[0], monkeypatch, graphs=True, **config)
     assert graphed == eager

@@ -23,8 +23,8 @@ def engine_for(model_dir, **kw) -> LLMEngine:
     return LLMEngine(config)
 
 
-def hybrid(model_dir, max_fetch, **kw) -> LLMEngine:
-    return engine_for(model_dir, moe_strategy="hybrid", moe_cache_size=4,
+def hybrid(model_dir, max_fetch, slots=4, **kw) -> LLMEngine:
+    return engine_for(model_dir, moe_strategy="hybrid", moe_cache_size=slots,
                       moe_hybrid_max_fetch=max_fetch, cpu_moe_threads=2, **kw)  # fmt: skip
 
 
@@ -77,11 +77,14 @@ def resident_ids(synth_tiny):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("max_fetch", [0.0, 0.3, 1.0])
-def test_hybrid_equals_resident_and_counters_add_up(synth_tiny, resident_ids, max_fetch):
+@pytest.mark.parametrize(
+    "max_fetch,slots", [(0.0, 4), (0.3, 4), (1.0, 4), (0.0, 12), (0.3, 12)]
+)  # 4 slots: batches of 2-3 (8-12 pairs) group on the host; 12: every decode step takes the
+# stop-and-compute path that graphed decode replays
+def test_hybrid_equals_resident_and_counters_add_up(synth_tiny, resident_ids, max_fetch, slots):
     want, uses = resident_ids
     threads_before = torch.get_num_threads()
-    engine = hybrid(synth_tiny[0], max_fetch)
+    engine = hybrid(synth_tiny[0], max_fetch, slots)
     try:
         assert run_all(engine, PROMPTS, GREEDY) == want
         stats, strategy = engine.stats, engine.strategy

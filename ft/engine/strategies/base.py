@@ -48,8 +48,9 @@ class MoeStrategy:
 
     prefetch_next = False  # host_stop strategies: whether a stop also prefetches a guess
 
-    def prepare(self, layer: int, topk_ids: list[list[int]]) -> None:
-        """host_stop strategies: make this layer's experts ready for `compute` (host side)."""
+    def prepare(self, layer: int, topk_ids: list[list[int]], x, topk_weights) -> None:
+        """host_stop strategies: make this layer's experts ready for `compute` (host side),
+        given the router's ids on the host; x [T, D] and topk_weights [T, K] on the device."""
         raise NotImplementedError
 
     def prefetch(self, layer: int, topk_ids: list[list[int]], keep_layer: int) -> None:

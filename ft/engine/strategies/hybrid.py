@@ -1,16 +1,20 @@
 """`hybrid`: as offload, but of each layer's cache misses only a fraction is fetched into device
 slots; the rest is computed on the CPU by the pinned CPU MoE executor, from the host store,
-overlapped with the device's work.
+overlapped with the fetches.
 
-Per MoE layer: group by expert (one host sync) -> split into hits | fetch | cpu -> submit the
-CPU jobs first (the pool starts at once) -> the device computes the hits and the fetched experts
-(copies on their own stream, as offload) -> out += the CPU's result.
+Decode, per MoE layer, at offload's host stop (`prepare`, after the router's ids reach the host):
+split the misses into fetch | cpu -> submit the CPU jobs first (the pool starts at once) ->
+fetch and publish the device's experts (copies on their own stream, as offload) -> wait for the
+CPU's result and copy it to a device buffer. `compute` (no host sync, so graphed decode replays
+it) runs the hits and fetched experts from their slots (the CPU's experts have none: skipped)
+and adds that buffer. Prefill groups on the host, with the same split.
 Legend: T = tokens, D = hidden, K = experts per token.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -23,6 +27,7 @@ from ft.engine.cpu_moe import (
     lower_torch_threads,
 )
 from ft.engine.experts.dispatch import ExpertGroup, group_by_expert
+from ft.engine.experts.grouped import MAX_DEVICE_PAIRS
 from ft.engine.strategies.offload import OffloadStrategy
 
 # The CPU wins only at a few tokens per expert (decode); an expert with more tokens than this is
@@ -56,7 +61,6 @@ def split_misses(
 
 class HybridStrategy(OffloadStrategy):
     name = "hybrid"
-    host_stop = False  # its CPU share needs the activations on the host: decode stays eager
 
     def __init__(
         self,
@@ -75,8 +79,14 @@ class HybridStrategy(OffloadStrategy):
         self.experts_cpu_total = 0  # misses handed to the CPU (in the pool or inline)
         self.cpu_threads: set[str] = set()  # names of the threads that ran the CPU's experts
         self._torch_threads_before = torch_threads_before
+        # the CPU's share of the layer at the last stop: [T, D] float32, read by `compute`
+        shape, cuda = (MAX_DEVICE_PAIRS, store.hidden_size), torch.device(device).type == "cuda"
+        self._cpu_share = torch.zeros(shape, dtype=torch.float32, device=device)
+        self._cpu_staging = torch.zeros(shape, dtype=torch.float32, pin_memory=cuda)
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        if self.decode_fits(topk_ids.numel()):  # offload's: prepare (one host sync), compute
+            return super().forward(layer, x, topk_ids, topk_weights)
         groups = group_by_expert(topk_ids, topk_weights, self.store.num_experts)
         self.expert_uses += len(groups)
         on_device, on_cpu = self._split(layer, groups)
@@ -87,6 +97,43 @@ class HybridStrategy(OffloadStrategy):
             out += handle.wait().to(out.device, out.dtype)
             self.cpu_threads |= handle.ran_on
         return out
+
+    def prepare(self, layer: int, topk_ids: list[list[int]], x, topk_weights) -> None:
+        tokens = Counter(e for row in topk_ids for e in row)  # expert -> tokens routed to it
+        routed = sorted(tokens)
+        self.expert_uses += len(routed)
+        misses = [e for e in routed if self.cache.slot_of(layer, e) is None]
+        _, cpu = split_misses(  # the fetched rest is what `ensure` below finds missing
+            misses, [tokens[e] for e in misses], self.max_fetch, self.cpu_max_tokens
+        )
+        ids = torch.tensor(topk_ids)  # [T, K] on the host already
+        handle = self._submit_cpu(layer, x, ids, topk_weights, cpu)  # the pool starts first
+        on_cpu = set(cpu)
+        self.cache.ensure(layer, [e for e in routed if e not in on_cpu])  # hits + fetches
+        self.cache.publish(layer)  # the CPU's experts are in no slot: -1, compute skips them
+        self._hand_over(handle, len(topk_ids))
+
+    def _hand_over(self, handle: CpuMoeHandle | None, tokens: int) -> None:
+        """The CPU's share [T, D] into the device buffer `compute` adds (zeros if none); the
+        host waits for the pool here, while the fetches cross PCIe."""
+        share = self._cpu_share[:tokens]
+        if handle is None:
+            share.zero_()
+            return
+        result = handle.wait()
+        self.cpu_threads |= handle.ran_on
+        if share.device.type == "cpu":
+            share.copy_(result)
+            return
+        # pinned staging, so the copy does not block: the host rewrites it only at the next
+        # stop, after a sync on work queued behind this copy
+        staging = self._cpu_staging[:tokens]
+        staging.copy_(result)
+        share.copy_(staging, non_blocking=True)
+
+    def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        share = self._cpu_share[: x.shape[0]]  # written at this layer's stop
+        return (self.device_share(layer, x, topk_ids, topk_weights) + share).to(x.dtype)
 
     def _split(self, layer: int, groups: list[ExpertGroup]) -> tuple[list[ExpertGroup], list[int]]:
         """-> (groups for the device: hits + fetched misses, experts for the CPU)."""
@@ -114,7 +161,8 @@ class HybridStrategy(OffloadStrategy):
             cache_hits=c.hits, cache_misses=c.misses + self.experts_cpu_total,
             experts_fetched=c.loads, bytes_fetched=c.bytes_fetched,
             experts_cpu=pool.experts_in_pool, experts_cpu_inline=pool.experts_inline,
-            expert_uses=self.expert_uses,
+            expert_uses=self.expert_uses, experts_prefetched=c.prefetched,
+            prefetch_hits=c.prefetch_hits,
         )  # fmt: skip
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ slot, then computed on the device.
 Decode, per layer: one host sync (the router's ids, to learn which experts miss), the misses'
 copies on the cache's side stream, the layer's row of the slot table to the device (`prepare`),
 then one batched compute that reads its slots there (`compute`, capturable in a CUDA graph).
+With graphs, a stop can also start fetching the next layer's guessed misses (`prefetch`).
 Prefill, or a layer needing more experts than slots: grouped on the host, in chunks of slots.
 """
 
@@ -28,13 +29,13 @@ class OffloadStrategy(MoeStrategy):
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         if not self.decode_fits(topk_ids.numel()):
             return super().forward(layer, x, topk_ids, topk_weights)
-        self.prepare(layer, topk_ids.tolist())  # the layer's one host sync
+        self.prepare(layer, topk_ids.tolist(), x, topk_weights)  # the layer's one host sync
         return self.compute(layer, x, topk_ids, topk_weights)
 
     def decode_fits(self, pairs: int) -> bool:
         return super().decode_fits(pairs) and pairs <= self.cache.num_slots
 
-    def prepare(self, layer: int, topk_ids: list[list[int]]) -> None:
+    def prepare(self, layer: int, topk_ids: list[list[int]], x=None, topk_weights=None) -> None:
         experts = sorted({e for row in topk_ids for e in row})
         self.expert_uses += len(experts)
         self.cache.ensure(layer, experts)
@@ -44,9 +45,14 @@ class OffloadStrategy(MoeStrategy):
         self.cache.prefetch(layer, [e for row in topk_ids for e in row], keep_layer)
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        table = self.cache.slot_table[layer]  # [E] expert -> slot, as published at the stop
+        return self.device_share(layer, x, topk_ids, topk_weights).to(x.dtype)
+
+    def device_share(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        """-> [T, D] float32: the layer's experts that hold a slot, from the slot table row
+        published at the stop (an expert with none, -1, is skipped)."""
+        table = self.cache.slot_table[layer]  # [E] expert -> slot
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel)
-        return self.run_blocks(x, self.cache.bank, blocks).to(x.dtype)
+        return self.run_blocks(x, self.cache.bank, blocks)
 
     def run_groups(self, layer, x, groups, out) -> None:
         step = self.cache.num_slots  # a layer needing more experts than slots goes in chunks
