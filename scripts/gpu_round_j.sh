@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU round J (issue 7): the one-launch decode attention (FT_DECODE_ATTENTION=triton against
-# SDPA) and offload's stop that launches the next stretch before the prefetch copies.
+# SDPA), offload's stop that launches the next stretch before the prefetch copies, and hybrid
+# decoding through the host stop (graphed).
 #   part 1: GPU tests, then the 8-layer cut (about 6 min);  part 2: the 48-layer preset (~8 min)
 set -u
 source scripts/gpu_env.sh
 decode() {  # decode NAME MODEL ARGS...: one `ft bench decode --json` run, shown
   local name=$1 model=$2; shift 2
-  timeout 150 python3 -m ft bench decode --model "$model" --tokens 16 --warmup 3 $P --json "$@" \
+  timeout ${LIMIT:-150} python3 -m ft bench decode --model "$model" --tokens 16 --warmup 3 $P --json "$@" \
     > $OUT/j-$name.json 2>$OUT/j-$name.err; echo "== $name"; show $OUT/j-$name.json
   grep -h "Decode attention" $OUT/j-$name.err | head -1
 }
@@ -15,17 +16,18 @@ date -u
 if [ "${1:-1}" = 1 ]; then
   echo "== gpu tests"
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_attention.py \
-    tests/engine/test_graphs.py tests/engine/test_gpu.py tests/engine/test_fused.py 2>&1 | tail -3
+    tests/engine/test_graphs.py tests/engine/test_gpu.py tests/engine/test_fused.py \
+    tests/engine/test_hybrid.py 2>&1 | tail -3
   timeout 60 python3 -m ft model synth --preset qwen3-30b-a3b --layers 8 --out /tmp/q30-8 2>&1 | tail -1
   for attn in sdpa triton; do
     FT_DECODE_ATTENTION=$attn decode d8-resident-$attn /tmp/q30-8 --strategies resident --batch 1,4
-    FT_DECODE_ATTENTION=$attn decode d8-offload-$attn /tmp/q30-8 --strategies offload \
+    FT_DECODE_ATTENTION=$attn decode d8-offload-$attn /tmp/q30-8 --strategies offload,hybrid \
       --moe-cache-rate 0.15 --gpu-memory-limit 4 --batch 1,4
   done
 else
   echo "== synth 48"; timeout 200 python3 -m ft model synth --preset qwen3-30b-a3b --out /tmp/q30 2>&1 | tail -1
   for attn in sdpa triton; do date -u
-    FT_DECODE_ATTENTION=$attn decode d48-$attn /tmp/q30 --strategies resident,offload \
+    LIMIT=240 FT_DECODE_ATTENTION=$attn decode d48-$attn /tmp/q30 --strategies resident,offload,hybrid \
       --moe-cache-rate 0.15 --batch 1
   done
 fi
