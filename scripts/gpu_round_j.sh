@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU round J (issue 7): the one-launch decode attention (FT_DECODE_ATTENTION=triton against
 # SDPA), offload's stop that launches the next stretch before the prefetch copies, and hybrid
-# decoding through the host stop (graphed).
+# decoding through the host stop (graphed); and whether kernels can read experts from pinned host
+# memory fast enough for offload without host stops (scripts/bench_zero_copy.py).
 #   part 1: GPU tests, then the 8-layer cut (about 6 min);  part 2: the 48-layer preset (~8 min)
 set -u
 source scripts/gpu_env.sh
@@ -18,6 +19,8 @@ if [ "${1:-1}" = 1 ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_attention.py \
     tests/engine/test_graphs.py tests/engine/test_gpu.py tests/engine/test_fused.py \
     tests/engine/test_hybrid.py 2>&1 | tail -3
+  echo "== zero-copy expert reads (feasibility of offload without host stops)"
+  timeout 60 python3 scripts/bench_zero_copy.py > $OUT/j-zero-copy.jsonl 2>&1; cat $OUT/j-zero-copy.jsonl | cut -c1-240
   timeout 60 python3 -m ft model synth --preset qwen3-30b-a3b --layers 8 --out /tmp/q30-8 2>&1 | tail -1
   for attn in sdpa triton; do
     FT_DECODE_ATTENTION=$attn decode d8-resident-$attn /tmp/q30-8 --strategies resident --batch 1,4
