@@ -127,8 +127,12 @@ def measure_format(fmt: BenchFormat, cfg: BwConfig, pool: CpuMoeExecutor, device
         on_stage(f"{fmt.name}: CPU MoE pool")
         kernel["cpu_moe_gbs"] = median_gbs(bench.cpu_samples(cfg.warmup + cfg.samples), cfg.warmup)
         kernel["cpu_moe_isa"] = cpuinfo.best_isa()
-        kernel["cpu_moe_compute"] = describe_compute(pool.compute, fmt.dtype)  # float32 / native
-        if not cfg.quick and fmt.dtype != torch.float32:
+        kernel["cpu_moe_compute"] = (  # quantised: the format's kernels, float32 on the codes
+            "float32 from the codes"
+            if fmt.form.quantized
+            else describe_compute(pool.compute, fmt.dtype)
+        )
+        if not cfg.quick and fmt.dtype != torch.float32 and not fmt.form.quantized:
             on_stage(f"{fmt.name}: compute path sweep")
             kernel["isa_sweep"] = bench.compute_sweep()
     if device is None:

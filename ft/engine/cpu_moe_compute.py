@@ -14,10 +14,9 @@ an AVX-512-BF16/AMX Xeon (one thread, H=2048, I=768, batch 1, blocks of 384 rows
 5.0 GB/s of expert bytes against 3.2 for the fp32 conversion. "auto" picks native where the CPU
 has bf16 dot products in hardware, float32 elsewhere.
 
-Quantised experts (int8, fp8_block, nvfp4) take the conversion path: the format dequantises the
-block into the same scratch buffers, in the compute dtype, and the block is multiplied as above.
-Their "weight dtype" is the activations' (x's) dtype: native bf16 where the CPU has bf16 dot
-products and x is bf16, float32 otherwise (an fp32 model stays exact).
+Quantised experts (int8, fp8_block, nvfp4) are multiplied straight from their codes by the
+format's compiled CPU kernels (ExpertFormat.rows_dot, ft/engine/formats/cpu_kernels.py), in
+float32 whatever the mode, with the GIL released: no dequantised copy of the block.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -79,8 +79,9 @@ def make_slices(
 ) -> list[Slice]:
     """The job's blocks, sharing its gathered tokens and weights (made once, on the caller)."""
     form = get_format(job.fmt)
-    weight_dtype = x.dtype if form.quantized else job.parts["w13"].dtype
-    compute = choose_compute(mode, weight_dtype)
+    weight_dtype = job.parts["w13"].dtype
+    # quantised: the format's kernels multiply its codes in float32, whatever `mode` says
+    compute = torch.float32 if form.quantized else choose_compute(mode, weight_dtype)
     direct = not form.quantized and weight_dtype == compute
     xj = x.index_select(0, job.rows).to(compute)  # [n, D]
     scale = job.weights.to(compute)[:, None]  # [n, 1]
@@ -109,6 +110,9 @@ def describe_compute(mode: str, weight_dtype: torch.dtype) -> str:
 
 def run_slice(sl: Slice, acc: torch.Tensor, scratch: dict) -> None:
     """acc[rows] += weights * (the block's share of FFN(x[rows])); acc is [T, D] float32."""
+    if sl.form.quantized:
+        _add(sl, acc, _quantized_block(sl))
+        return
     parts, s, hidden = sl.job.parts, sl.hi - sl.lo, sl.x.shape[1]
     if sl.direct:
         w13, w2, inter = parts["w13"], parts["w2"], sl.job.inter
@@ -122,7 +126,25 @@ def run_slice(sl: Slice, acc: torch.Tensor, scratch: dict) -> None:
         h = sl.x @ gu.T  # [n, 2s]
         gate, up = h[:, :s], h[:, s:]
     act = F.silu(gate).mul_(up).mul_(sl.scale)  # [n, s]
-    out = (act @ down.T).float()  # [n, D]
+    _add(sl, acc, (act @ down.T).float())
+
+
+def _quantized_block(sl: Slice) -> torch.Tensor:
+    """The block's share [n, D] float32, from the expert's codes by the format's CPU kernels
+    (compiled, GIL released: no dequantised copy of the block)."""
+    parts, form, inter = sl.job.parts, sl.form, sl.job.inter
+    x = sl.x.numpy()  # [n, D] float32 (make_slices)
+    n, hidden, s = x.shape[0], x.shape[1], sl.hi - sl.lo
+    gate, up = np.empty((n, s), np.float32), np.empty((n, s), np.float32)
+    form.rows_dot(parts, "w13", sl.lo, sl.hi, 0, x, gate)
+    form.rows_dot(parts, "w13", inter + sl.lo, inter + sl.hi, 0, x, up)
+    act = F.silu(torch.from_numpy(gate)).mul_(torch.from_numpy(up)).mul_(sl.scale)  # [n, s]
+    out = np.empty((n, hidden), np.float32)
+    form.rows_dot(parts, "w2", 0, hidden, sl.lo, act.numpy(), out)  # columns lo..hi of w2
+    return torch.from_numpy(out)
+
+
+def _add(sl: Slice, acc: torch.Tensor, out: torch.Tensor) -> None:
     if sl.dense:
         acc.add_(out)
     else:

@@ -172,6 +172,25 @@ def test_a_block_of_rows_is_a_slice_of_the_whole(fmt):
         assert torch.equal(down, w2[:, lo:hi])
 
 
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_cpu_kernels_multiply_the_codes_as_the_dequantised_weights(fmt):
+    """rows_dot over row ranges of w13 (gate's, up's, across the two) and column ranges of w2,
+    at offsets inside and across scale groups, equals x @ the dequantised block."""
+    form = FORMATS[fmt]
+    parts = {k: v[1] for k, v in form.quantize(*float_experts(seed=4)).items()}
+    w13, w2 = form.dequantize(parts, torch.float32)
+    x = torch.randn(3, D, generator=torch.Generator().manual_seed(9))
+    for r0, r1 in ((0, INTER), (16, 48), (INTER - 16, INTER + 32)):
+        out = torch.empty(3, r1 - r0)
+        form.rows_dot(parts, "w13", r0, r1, 0, x.numpy(), out.numpy())
+        torch.testing.assert_close(out, x @ w13[r0:r1].T, rtol=1e-5, atol=1e-5)
+    for c0, c1 in ((0, INTER), (16, 48), (112, 160)):  # 112..160 crosses fp8's 128-block edge
+        act = torch.randn(3, c1 - c0, generator=torch.Generator().manual_seed(c0))
+        out = torch.empty(3, D)
+        form.rows_dot(parts, "w2", 0, D, c0, act.numpy(), out.numpy())
+        torch.testing.assert_close(out, act @ w2[:, c0:c1].T, rtol=1e-5, atol=1e-5)
+
+
 # -- the CPU executor's path against the device torch path ---------------------------------------
 
 
@@ -202,7 +221,7 @@ def test_cpu_executor_equals_device_path_and_reference(fmt, tokens):
 
 @pytest.mark.parametrize("fmt", QUANTIZED)
 def test_cpu_executor_with_bf16_activations(fmt):
-    """A bf16 engine: the block is dequantised to bf16 where the CPU has bf16 dot products."""
+    """A bf16 engine: the codes are multiplied in float32 all the same (x rounded to bf16)."""
     form = FORMATS[fmt]
     bank = form.quantize(*float_experts(seed=3))
     x, ids, weights = routed(3, seed=7)

@@ -24,6 +24,7 @@ from ft.errors import FtError
 PROJECTIONS = ("gate", "up", "down")  # w13 = gate over up; w2 = down
 E4M3 = torch.float8_e4m3fn  # fp8_block's weights, nvfp4's block scales
 E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(E4M3).float()  # byte -> value
+E4M3_TABLE = E4M3_VALUES.numpy()  # the same, for the CPU kernels
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class ExpertFormat:
 
     def checkpoint_shape(self, suffix: str, rows: int, cols: int) -> tuple[int, ...]:
         """Shape of `{proj}.{suffix}` in a checkpoint for a projection of R x C float weights."""
+        raise NotImplementedError
+
+    def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
+        """Quantised formats, the CPU MoE pool's compute: out [n, r1 - r0] = x [n, cols] @
+        W[r0:r1, c0:c0 + cols].T, W the part `name` ("w13" or "w2") of ONE expert, read from its
+        codes (ft.engine.formats.cpu_kernels); x, out: float32 numpy arrays, C-contiguous."""
         raise NotImplementedError
 
     # -- derived ---------------------------------------------------------------------------------

@@ -11,11 +11,13 @@ ceil(C/128)] (the name says inverse; it multiplies, as in those checkpoints).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ft.engine.formats.base import (
     E4M3,
+    E4M3_TABLE,
     E4M3_VALUES,
     ExpertFormat,
     Part,
@@ -61,6 +63,19 @@ class Fp8BlockFormat(ExpertFormat):
         block_rows = torch.arange(parts["w2"].shape[-2]) // BLOCK
         _decode(parts["w2"][..., c0:c1], out)
         scale_cols(out, parts["w2_scale"][..., block_rows, :], c0)
+
+    def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
+        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+
+        rows = np.arange(r0, r1)
+        if name == "w13":  # gate's blocks of rows, then up's
+            inter = self.inter_of(parts)
+            scale_row = (rows // inter) * ceil_div(inter, BLOCK) + (rows % inter) // BLOCK
+        else:
+            scale_row = rows // BLOCK
+        codes = parts[name].view(torch.uint8).numpy()
+        scales = parts[f"{name}_scale"].numpy()
+        cpu_kernels.table_rows(x, codes, E4M3_TABLE, r0, r1, c0, scales, scale_row, BLOCK, out)
 
     def checkpoint_shape(self, suffix: str, rows: int, cols: int) -> tuple[int, ...]:
         if suffix == "weight_scale_inv":

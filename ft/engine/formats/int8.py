@@ -41,6 +41,12 @@ class Int8Format(ExpertFormat):
     def w2_cols(self, parts: Parts, c0: int, c1: int, out: torch.Tensor) -> None:
         _dequant(parts["w2"][..., c0:c1], parts["w2_scale"][..., :, None], out)
 
+    def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
+        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+
+        row_scale = parts[f"{name}_scale"][r0:r1].numpy()
+        cpu_kernels.int8_rows(x, parts[name].numpy(), r0, r1, c0, row_scale, out)
+
     def checkpoint_shape(self, suffix: str, rows: int, cols: int) -> tuple[int, ...]:
         return (rows, 1) if suffix == "weight_scale" else (rows, cols)
 

@@ -12,10 +12,12 @@ float32 [] and `.input_scale` float32 [] (written 1.0; ignored: activations stay
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ft.engine.formats.base import (
     E4M3,
+    E4M3_TABLE,
     E4M3_VALUES,
     ExpertFormat,
     Part,
@@ -29,6 +31,7 @@ GROUP = 16
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # magnitude of codes 0..7
 CODES = torch.cat((E2M1, -E2M1))  # code (sign bit 8) -> value
 BYTE_PAIRS = torch.stack((CODES[torch.arange(256) & 15], CODES[torch.arange(256) >> 4]), -1)
+CODES_TABLE = CODES.numpy()  # for the CPU kernels (float32)
 MIDPOINTS = (E2M1[1:] + E2M1[:-1]) / 2  # nearest e2m1 magnitude: bucketize against these
 SCALE_MAX = 6.0 * 448.0  # largest e2m1 x largest e4m3
 
@@ -75,6 +78,18 @@ class Nvfp4Format(ExpertFormat):
         scale = _e4m3(parts["w2_scale"][..., c0 // GROUP : c1 // GROUP])  # [..., D, s/16]
         scale *= parts["w2_scale_2"][..., None]
         _decode(parts["w2"][..., c0 // 2 : c1 // 2], scale, out)
+
+    def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
+        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+
+        scale_2 = parts[f"{name}_scale_2"].numpy()
+        if name == "w13":  # gate's global scale, then up's
+            row_scale2 = scale_2[np.arange(r0, r1) // self.inter_of(parts)]
+        else:
+            row_scale2 = np.full(r1 - r0, scale_2[0], np.float32)
+        scales = parts[f"{name}_scale"].view(torch.uint8).numpy()
+        cpu_kernels.nvfp4_rows(x, parts[name].numpy(), CODES_TABLE, r0, r1, c0, scales,
+                               E4M3_TABLE, row_scale2, out)  # fmt: skip
 
     def checkpoint_shape(self, suffix: str, rows: int, cols: int) -> tuple[int, ...]:
         return {"weight": (rows, cols // 2), "weight_scale": (rows, cols // GROUP)}.get(suffix, ())

@@ -28,6 +28,7 @@ from ft.engine.cpu_moe import (
 )
 from ft.engine.experts.dispatch import ExpertGroup, group_by_expert
 from ft.engine.experts.grouped import MAX_DEVICE_PAIRS
+from ft.engine.formats import get_format
 from ft.engine.strategies.offload import OffloadStrategy
 
 # The CPU wins only at a few tokens per expert (decode); an expert with more tokens than this is
@@ -174,6 +175,10 @@ class HybridStrategy(OffloadStrategy):
 
 def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float) -> HybridStrategy:
     """Start the pinned pool, lower torch's threads, log both lines (DESIGN.md section 2)."""
+    if get_format(config.expert_format).quantized:
+        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+
+        cpu_kernels.warm_up()  # compiled (or loaded) now, not in the first decode step
     pool = CpuMoeExecutor(threads=config.cpu_moe_threads, force_inline=config.cpu_moe_inline)
     before, _ = lower_torch_threads(pool.threads)
     log_ready(
