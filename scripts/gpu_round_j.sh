@@ -2,8 +2,9 @@
 # GPU round J (issue 7): the one-launch decode attention (FT_DECODE_ATTENTION=triton against
 # SDPA), offload's stop that launches the next stretch before the prefetch copies, and hybrid
 # decoding through the host stop (graphed); and whether kernels can read experts from pinned host
-# memory fast enough for offload without host stops (scripts/bench_zero_copy.py).
-#   part 1: GPU tests, then the 8-layer cut (about 6 min);  part 2: the 48-layer preset (~8 min)
+# memory fast enough for offload without host stops (scripts/bench_zero_copy.py); the CPU pool's
+# compiled kernels for quantised experts (ft bench bw).
+#   part 1: GPU tests, the 8-layer cut, bench bw (about 8 min);  part 2: the 48-layer preset (~8 min)
 set -u
 source scripts/gpu_env.sh
 decode() {  # decode NAME MODEL ARGS...: one `ft bench decode --json` run, shown
@@ -27,6 +28,9 @@ if [ "${1:-1}" = 1 ]; then
     FT_DECODE_ATTENTION=$attn decode d8-offload-$attn /tmp/q30-8 --strategies offload,hybrid \
       --moe-cache-rate 0.15 --gpu-memory-limit 4 --batch 1,4
   done
+  echo "== CPU MoE pool per quantised format (compiled kernels), 15 threads"
+  timeout 150 python3 -m ft bench bw --formats int8,fp8_block,nvfp4 --out $OUT/j-bw-formats.json \
+    2>&1 | grep -v INFO | tail -8
 else
   echo "== synth 48"; timeout 200 python3 -m ft model synth --preset qwen3-30b-a3b --out /tmp/q30 2>&1 | tail -1
   for attn in sdpa triton; do date -u
