@@ -28,8 +28,8 @@ if [ "${1:-1}" = 1 ]; then
     FT_DECODE_ATTENTION=$attn decode d8-offload-$attn /tmp/q30-8 --strategies offload,hybrid \
       --moe-cache-rate 0.15 --gpu-memory-limit 4 --batch 1,4
   done
-  echo "== CPU MoE pool per quantised format (compiled kernels), 15 threads"
-  timeout 150 python3 -m ft bench bw --formats int8,fp8_block,nvfp4 --out $OUT/j-bw-formats.json \
+  echo "== CPU MoE pool per format (compiled kernels; bf16's isa_sweep: float32 / native / compiled)"
+  timeout 180 python3 -m ft bench bw --out $OUT/j-bw-formats.json \
     2>&1 | grep -v INFO | tail -8
 else
   echo "== synth 48"; timeout 200 python3 -m ft model synth --preset qwen3-30b-a3b --out /tmp/q30 2>&1 | tail -1

@@ -127,11 +127,7 @@ def measure_format(fmt: BenchFormat, cfg: BwConfig, pool: CpuMoeExecutor, device
         on_stage(f"{fmt.name}: CPU MoE pool")
         kernel["cpu_moe_gbs"] = median_gbs(bench.cpu_samples(cfg.warmup + cfg.samples), cfg.warmup)
         kernel["cpu_moe_isa"] = cpuinfo.best_isa()
-        kernel["cpu_moe_compute"] = (  # quantised: the format's kernels, float32 on the codes
-            "float32 from the codes"
-            if fmt.form.quantized
-            else describe_compute(pool.compute, fmt.dtype)
-        )
+        kernel["cpu_moe_compute"] = describe_compute(pool.compute, fmt.form, fmt.dtype)
         if not cfg.quick and fmt.dtype != torch.float32 and not fmt.form.quantized:
             on_stage(f"{fmt.name}: compute path sweep")
             kernel["isa_sweep"] = bench.compute_sweep()
@@ -184,10 +180,11 @@ class _FormatBench:
     def compute_sweep(self) -> dict[str, float | None]:
         """cpu_moe_gbs of each CPU compute path, to check the executor's choice on this box."""
         sweep = {}
-        for mode in ("float32", "native"):
+        for mode in ("float32", "native", "compiled"):
             with CpuMoeExecutor(cores=self.pool.cores, compute=mode) as pool:
                 samples = self.cpu_samples(self.cfg.warmup + self.cfg.samples, pool)
-            sweep[describe_compute(mode, self.fmt.dtype)] = median_gbs(samples, self.cfg.warmup)
+            name = describe_compute(mode, self.fmt.form, self.fmt.dtype)
+            sweep[name] = median_gbs(samples, self.cfg.warmup)
         return sweep
 
     def overlapped(self) -> tuple[float | None, float | None]:

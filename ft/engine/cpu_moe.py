@@ -120,7 +120,7 @@ class CpuMoeExecutor:
         threads: int | None = None,
         cores: list[int] | None = None,
         *,
-        compute: str = "auto",  # "auto" | "float32" | "native" (see cpu_moe_compute)
+        compute: str = "auto",  # "auto" | "float32" | "native" | "compiled" (cpu_moe_compute)
         min_slice: int = 64,  # fewest rows of I in one task: below it, per-op cost dominates
         tasks_per_thread: int = 1,  # tasks per worker per submit: more balance, more overhead
         force_inline: bool | None = None,  # fault injection: compute on the caller, not the pool

@@ -14,9 +14,10 @@ an AVX-512-BF16/AMX Xeon (one thread, H=2048, I=768, batch 1, blocks of 384 rows
 5.0 GB/s of expert bytes against 3.2 for the fp32 conversion. "auto" picks native where the CPU
 has bf16 dot products in hardware, float32 elsewhere.
 
-Quantised experts (int8, fp8_block, nvfp4) are multiplied straight from their codes by the
-format's compiled CPU kernels (ExpertFormat.rows_dot, ft/engine/formats/cpu_kernels.py), in
-float32 whatever the mode, with the GIL released: no dequantised copy of the block.
+"compiled" multiplies straight from the expert's bytes with the format's compiled CPU kernels
+(ExpertFormat.rows_dot, ft/engine/formats/cpu_kernels.py), in float32, with the GIL released:
+no copy of the block, and the pool's threads never wait for each other's op dispatch. Quantised
+experts (int8, fp8_block, nvfp4) always take it; bf16 and float32 weights when asked.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from ft.engine.formats import ExpertFormat, get_format
 if TYPE_CHECKING:
     from ft.engine.cpu_moe import ExpertJob
 
-COMPUTE_MODES = ("auto", "float32", "native")
+COMPUTE_MODES = ("auto", "float32", "native", "compiled")
+COMPILED_FLOATS = (torch.bfloat16, torch.float32)  # unquantised weights the kernels read
 _HW_DOT = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
 
 
@@ -51,6 +53,7 @@ class Slice:
     dense: bool  # x has one row, so rows == [0]: a plain add instead of index_add
     form: ExpertFormat  # the job's expert format
     direct: bool  # bf16 parts already in the compute dtype: multiplied in place, no copy
+    compiled: bool  # multiplied by the format's compiled kernels (rows_dot), x in float32
 
 
 def expert_jobs(
@@ -80,15 +83,24 @@ def make_slices(
     """The job's blocks, sharing its gathered tokens and weights (made once, on the caller)."""
     form = get_format(job.fmt)
     weight_dtype = job.parts["w13"].dtype
-    # quantised: the format's kernels multiply its codes in float32, whatever `mode` says
-    compute = torch.float32 if form.quantized else choose_compute(mode, weight_dtype)
-    direct = not form.quantized and weight_dtype == compute
+    compiled = uses_kernels(mode, form, weight_dtype)
+    compute = torch.float32 if compiled else choose_compute(mode, weight_dtype)
+    direct = not compiled and not form.quantized and weight_dtype == compute
     xj = x.index_select(0, job.rows).to(compute)  # [n, D]
     scale = job.weights.to(compute)[:, None]  # [n, 1]
     dense = x.shape[0] == 1
     return [
-        Slice(job, xj, scale, lo, hi, compute, lo == 0, dense, form, direct) for lo, hi in blocks
+        Slice(job, xj, scale, lo, hi, compute, lo == 0, dense, form, direct, compiled)
+        for lo, hi in blocks
     ]
+
+
+def uses_kernels(mode: str, form: ExpertFormat, weight_dtype: torch.dtype) -> bool:
+    """Whether blocks go to the format's compiled kernels: always for quantised formats (they
+    have no other path); for bf16 / float32 weights only when asked ("compiled"): on the CI
+    box's pool they ran level with torch's native bf16 (docs/perf.md), and `ft bench bw`'s
+    isa_sweep measures all three on a box."""
+    return form.quantized or (mode == "compiled" and weight_dtype in COMPILED_FLOATS)
 
 
 @cache
@@ -102,16 +114,18 @@ def choose_compute(mode: str, weight_dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
-def describe_compute(mode: str, weight_dtype: torch.dtype) -> str:
-    """For log lines and the profile: 'float32' or 'native bf16'."""
+def describe_compute(mode: str, form: ExpertFormat, weight_dtype: torch.dtype) -> str:
+    """For log lines and the profile: 'compiled float32', 'float32' or 'native bfloat16'."""
+    if uses_kernels(mode, form, weight_dtype):
+        return "compiled float32"
     dtype = choose_compute(mode, weight_dtype)
     return "float32" if dtype == torch.float32 else f"native {str(dtype).removeprefix('torch.')}"
 
 
 def run_slice(sl: Slice, acc: torch.Tensor, scratch: dict) -> None:
     """acc[rows] += weights * (the block's share of FFN(x[rows])); acc is [T, D] float32."""
-    if sl.form.quantized:
-        _add(sl, acc, _quantized_block(sl))
+    if sl.compiled:
+        _add(sl, acc, _compiled_block(sl))
         return
     parts, s, hidden = sl.job.parts, sl.hi - sl.lo, sl.x.shape[1]
     if sl.direct:
@@ -129,12 +143,13 @@ def run_slice(sl: Slice, acc: torch.Tensor, scratch: dict) -> None:
     _add(sl, acc, (act @ down.T).float())
 
 
-def _quantized_block(sl: Slice) -> torch.Tensor:
-    """The block's share [n, D] float32, from the expert's codes by the format's CPU kernels
-    (compiled, GIL released: no dequantised copy of the block)."""
+def _compiled_block(sl: Slice) -> torch.Tensor:
+    """The block's share [n, D] float32, from the expert's codes or weights by the format's
+    compiled CPU kernels (GIL released: no dequantised copy of the block)."""
     parts, form, inter = sl.job.parts, sl.form, sl.job.inter
     x = sl.x.numpy()  # [n, D] float32 (make_slices)
     n, hidden, s = x.shape[0], x.shape[1], sl.hi - sl.lo
+    _check_parts(form, parts, hidden, inter)  # the kernels do not check their bounds
     gate, up = np.empty((n, s), np.float32), np.empty((n, s), np.float32)
     form.rows_dot(parts, "w13", sl.lo, sl.hi, 0, x, gate)
     form.rows_dot(parts, "w13", inter + sl.lo, inter + sl.hi, 0, x, up)
@@ -142,6 +157,21 @@ def _quantized_block(sl: Slice) -> torch.Tensor:
     out = np.empty((n, hidden), np.float32)
     form.rows_dot(parts, "w2", 0, hidden, sl.lo, act.numpy(), out)  # columns lo..hi of w2
     return torch.from_numpy(out)
+
+
+def _check_parts(form: ExpertFormat, parts: dict, hidden: int, inter: int) -> None:
+    """ValueError naming a part whose shape or dtype is not the format's for (D, I)."""
+    want = _expected_parts(form, hidden, inter, parts["w13"].dtype)
+    for name, (shape, dtype) in want.items():
+        got = parts.get(name)
+        if got is None or tuple(got.shape) != shape or got.dtype != dtype:
+            found = None if got is None else (tuple(got.shape), got.dtype)
+            raise ValueError(f"{form.name} expert part {name}: want {shape} {dtype}, got {found}")
+
+
+@cache
+def _expected_parts(form: ExpertFormat, hidden: int, inter: int, dtype: torch.dtype) -> dict:
+    return {k: (p.shape, p.dtype) for k, p in form.parts(hidden, inter, dtype).items()}
 
 
 def _add(sl: Slice, acc: torch.Tensor, out: torch.Tensor) -> None:

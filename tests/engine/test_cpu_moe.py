@@ -62,7 +62,9 @@ def test_pool_equals_reference_fp32(threads, tokens, min_slice):
     torch.testing.assert_close(out, ref_moe(x, jobs), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("compute,tol", [("float32", 1e-5), ("native", 3e-2), ("auto", 3e-2)])
+@pytest.mark.parametrize(
+    "compute,tol", [("float32", 1e-5), ("native", 3e-2), ("compiled", 1e-5), ("auto", 3e-2)]
+)  # compiled: float32 arithmetic on the bf16 weights
 def test_pool_bf16_weights(compute, tol):
     x, jobs = make_jobs(5, dtype=torch.bfloat16)
     with CpuMoeExecutor(threads=2, compute=compute, min_slice=4) as pool:

@@ -219,6 +219,18 @@ def test_cpu_executor_equals_device_path_and_reference(fmt, tokens):
     torch.testing.assert_close(cpu, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_a_part_of_the_wrong_shape_fails_in_the_worker_not_out_of_bounds():
+    """The compiled kernels do not check bounds: the block's parts are checked first."""
+    bank = FORMATS["nvfp4"].quantize(*float_experts(seed=5))
+    bank["w13_scale"] = bank["w13_scale"][:, :, :-1]  # one 16-group short per row
+    x, ids, weights = routed(2, seed=3)
+    jobs = expert_jobs(bank, ids, weights, list(range(E)), "nvfp4")
+    with CpuMoeExecutor(threads=2) as pool:
+        with pytest.raises(RuntimeError, match="worker failed") as failed:
+            pool.submit(x, jobs).wait(timeout=30)
+    assert "w13_scale" in str(failed.value.__cause__)
+
+
 @pytest.mark.parametrize("fmt", QUANTIZED)
 def test_cpu_executor_with_bf16_activations(fmt):
     """A bf16 engine: the codes are multiplied in float32 all the same (x rounded to bf16)."""

@@ -1,13 +1,15 @@
-"""CPU kernels for quantised experts: out[t, r - r0] = sum_j W[r, c0 + j] * x[t, j] for rows
-r0..r1 of one projection, read straight from its codes and scales: no dequantised copy of the
-block, float32 arithmetic throughout. The CPU MoE pool's workers call them (ExpertFormat.rows_dot).
+"""CPU kernels for experts: out[t, r - r0] = sum_j W[r, c0 + j] * x[t, j] for rows r0..r1 of one
+projection, read straight from its codes and scales (quantised formats) or its bf16 / float32
+weights: no dequantised copy of the block, float32 arithmetic throughout. The CPU MoE pool's
+workers call them (ExpertFormat.rows_dot).
 
 They are compiled by numba once (cached on disk) and release the GIL, so the pool's threads run
 them side by side; torch's path (dequantise a block with tensor ops, then a matmul) holds the GIL
 between its many small ops and measured 4 to 15 times slower on one core (docs/perf.md).
 
-Each row is decoded once into float32 (int8 by a vectorised convert; e4m3 and e2m1 by a lookup
-per code in a 256- or 16-entry table), then dotted with every token's x (vectorised).
+Each row is decoded once into float32 (int8 and bf16 by a vectorised convert or shift; e4m3 and
+e2m1 by a lookup per code in a 256- or 16-entry table), then dotted with every token's x
+(vectorised).
 Legend: n = tokens, R = rows of the projection, C = its columns, cols = columns in x.
 """
 
@@ -28,6 +30,27 @@ def _dot_rows(w, x, out, col):
         for j in range(w.shape[0]):
             acc += w[j] * xt[j]
         out[t, col] = acc
+
+
+@njit(**_JIT)
+def float_rows(x, weights, r0, r1, c0, out):
+    """W = weights, float32 [R, C]: no decoding."""
+    cols = x.shape[1]
+    for r in range(r0, r1):
+        _dot_rows(weights[r, c0 : c0 + cols], x, out, r - r0)
+
+
+@njit(**_JIT)
+def bf16_rows(x, bits16, r0, r1, c0, out):
+    """W = bfloat16 weights, as their uint16 bits [R, C]: a bf16 is the top half of a float32."""
+    cols = x.shape[1]
+    bits = np.empty(cols, np.uint32)
+    w = bits.view(np.float32)
+    for r in range(r0, r1):
+        row = bits16[r, c0 : c0 + cols]
+        for j in range(cols):
+            bits[j] = np.uint32(row[j]) << 16
+        _dot_rows(w, x, out, r - r0)
 
 
 @njit(**_JIT)
@@ -88,6 +111,8 @@ def warm_up() -> None:
     so the first decode step does not pay for it."""
     x, out = np.ones((1, 16), np.float32), np.empty((1, 1), np.float32)
     one, row = np.ones(1, np.float32), np.zeros(1, np.int64)
+    float_rows(x, np.ones((1, 16), np.float32), 0, 1, 0, out)
+    bf16_rows(x, np.zeros((1, 16), np.uint16), 0, 1, 0, out)
     int8_rows(x, np.zeros((1, 16), np.int8), 0, 1, 0, one, out)
     table_rows(x, np.zeros((1, 16), np.uint8), np.ones(256, np.float32), 0, 1, 0,
                np.ones((1, 1), np.float32), row, 128, out)  # fmt: skip

@@ -3,6 +3,7 @@ means "as the checkpoint stores them"). Parts: w13 [2I, D], w2 [D, I]."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ft.engine.formats.base import ExpertFormat, Part, Parts
@@ -29,6 +30,16 @@ class FloatFormat(ExpertFormat):
 
     def slot_weights(self, bank: Parts, slot: int, dtype: torch.dtype):
         return bank["w13"][slot].to(dtype), bank["w2"][slot].to(dtype)  # views, no dict
+
+    def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
+        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+
+        w = parts[name]
+        if w.dtype == torch.bfloat16:  # its bits: numpy has no bfloat16
+            bits = w.view(torch.int16).numpy().view(np.uint16)
+            cpu_kernels.bf16_rows(x, bits, r0, r1, c0, out)
+        else:  # float32 (COMPILED_FLOATS)
+            cpu_kernels.float_rows(x, w.numpy(), r0, r1, c0, out)
 
     def checkpoint_shape(self, suffix: str, rows: int, cols: int) -> tuple[int, ...]:
         return (rows, cols)

@@ -175,7 +175,7 @@ class HybridStrategy(OffloadStrategy):
 
 def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float) -> HybridStrategy:
     """Start the pinned pool, lower torch's threads, log both lines (DESIGN.md section 2)."""
-    if get_format(config.expert_format).quantized:
+    if get_format(config.expert_format).quantized:  # the pool multiplies with compiled kernels
         from ft.engine.formats import cpu_kernels  # numba: imported where it is used
 
         cpu_kernels.warm_up()  # compiled (or loaded) now, not in the first decode step
