@@ -53,9 +53,7 @@ class Fp8BlockFormat(ExpertFormat):
                 "w2": q2, "w2_scale": s2}  # fmt: skip
 
     def w13_rows(self, parts: Parts, r0: int, r1: int, out: torch.Tensor) -> None:
-        inter = self.inter_of(parts)
-        rows = torch.arange(r0, r1)
-        block_rows = (rows // inter) * ceil_div(inter, BLOCK) + (rows % inter) // BLOCK
+        block_rows = _w13_scale_rows(torch.arange(r0, r1), self.inter_of(parts))
         _decode(parts["w13"][..., r0:r1, :], out)
         scale_cols(out, parts["w13_scale"][..., block_rows, :], 0)
 
@@ -68,9 +66,8 @@ class Fp8BlockFormat(ExpertFormat):
         from ft.engine.formats import cpu_kernels  # numba: imported where it is used
 
         rows = np.arange(r0, r1)
-        if name == "w13":  # gate's blocks of rows, then up's
-            inter = self.inter_of(parts)
-            scale_row = (rows // inter) * ceil_div(inter, BLOCK) + (rows % inter) // BLOCK
+        if name == "w13":
+            scale_row = _w13_scale_rows(rows, self.inter_of(parts))
         else:
             scale_row = rows // BLOCK
         codes = parts[name].view(torch.uint8).numpy()
@@ -94,6 +91,11 @@ class Fp8BlockFormat(ExpertFormat):
             and config.get("fmt", "e4m3") == "e4m3"
             and list(config.get("weight_block_size") or []) == [BLOCK, BLOCK]
         )
+
+
+def _w13_scale_rows(rows, inter: int):
+    """The w13_scale row of each w13 row (torch or numpy ints): gate's blocks of rows, then up's."""
+    return (rows // inter) * ceil_div(inter, BLOCK) + (rows % inter) // BLOCK
 
 
 def _decode(q: torch.Tensor, out: torch.Tensor) -> None:
