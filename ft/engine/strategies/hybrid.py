@@ -103,10 +103,7 @@ class HybridStrategy(OffloadStrategy):
         tokens = Counter(e for row in topk_ids for e in row)  # expert -> tokens routed to it
         routed = sorted(tokens)
         self.expert_uses += len(routed)
-        misses = [e for e in routed if self.cache.slot_of(layer, e) is None]
-        _, cpu = split_misses(  # the fetched rest is what `ensure` below finds missing
-            misses, [tokens[e] for e in misses], self.max_fetch, self.cpu_max_tokens
-        )
+        cpu = self._misses_for_cpu(layer, {e: tokens[e] for e in routed})  # ensure fetches the rest
         ids = torch.tensor(topk_ids)  # [T, K] on the host already
         handle = self._submit_cpu(layer, x, ids, topk_weights, cpu)  # the pool starts first
         on_cpu = set(cpu)
@@ -138,14 +135,18 @@ class HybridStrategy(OffloadStrategy):
 
     def _split(self, layer: int, groups: list[ExpertGroup]) -> tuple[list[ExpertGroup], list[int]]:
         """-> (groups for the device: hits + fetched misses, experts for the CPU)."""
+        cpu = self._misses_for_cpu(layer, {g.expert: g.rows.numel() for g in groups})
         hits = [g for g in groups if self.cache.slot_of(layer, g.expert) is not None]
         misses = [g for g in groups if self.cache.slot_of(layer, g.expert) is None]
-        counts = [g.rows.numel() for g in misses]
-        fetch, cpu = split_misses(
-            [g.expert for g in misses], counts, self.max_fetch, self.cpu_max_tokens
-        )
-        fetched = set(fetch)
-        return hits + [g for g in misses if g.expert in fetched], cpu
+        on_cpu = set(cpu)
+        return hits + [g for g in misses if g.expert not in on_cpu], cpu
+
+    def _misses_for_cpu(self, layer: int, tokens: dict[int, int]) -> list[int]:
+        """Of a layer's routed experts (expert -> tokens routed to it, in order), the cache
+        misses that split_misses leaves to the CPU; the other misses are fetched."""
+        misses = [e for e in tokens if self.cache.slot_of(layer, e) is None]
+        counts = [tokens[e] for e in misses]
+        return split_misses(misses, counts, self.max_fetch, self.cpu_max_tokens)[1]
 
     def _submit_cpu(self, layer, x, topk_ids, topk_weights, experts) -> CpuMoeHandle | None:
         if not experts:
