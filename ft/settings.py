@@ -29,16 +29,18 @@ def moe_kernel() -> str:
 
 
 def cuda_graphs() -> bool:
-    """FT_CUDA_GRAPHS=1: replay decode as CUDA graphs: the whole step (resident), or each stretch
-    between the per-layer host stops (offload); experimental, off by default."""
-    return os.environ.get("FT_CUDA_GRAPHS", "") not in ("", "0", "false", "no")
+    """FT_CUDA_GRAPHS: replay decode as CUDA graphs (default on; 0 for eager, as vLLM's
+    --enforce-eager): the whole step (resident), or each stretch between the per-layer host
+    stops (offload, hybrid)."""
+    return os.environ.get("FT_CUDA_GRAPHS", "1").lower() not in ("0", "false", "no")
 
 
 def decode_attention() -> str:
-    """FT_DECODE_ATTENTION: sdpa (default) | triton: decode attention as one Triton kernel that
-    also writes the step's K/V (where the fused kernels are Triton); experimental, unmeasured."""
-    value = os.environ.get("FT_DECODE_ATTENTION", "sdpa").lower()
-    return value if value in ("sdpa", "triton") else "sdpa"
+    """FT_DECODE_ATTENTION: triton (default) | sdpa: decode attention as one Triton kernel that
+    also writes the step's K/V, where the fused kernels are Triton (on the H200, 1.5x resident's
+    decode over SDPA: docs/perf.md)."""
+    value = os.environ.get("FT_DECODE_ATTENTION", "triton").lower()
+    return value if value in ("sdpa", "triton") else "triton"
 
 
 def api_key() -> str | None:

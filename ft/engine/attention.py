@@ -109,7 +109,8 @@ class Rope:
 
 def decode_backend(kernel: str, head_dim: int) -> str:
     """A layer's decode attention: "triton" (one launch, attention_triton.py) where its fused
-    kernels are Triton, d >= 16 (tl.dot's least) and FT_DECODE_ATTENTION=triton; else "sdpa"."""
+    kernels are Triton, d >= 16 (tl.dot's least) and FT_DECODE_ATTENTION is not sdpa; else
+    "sdpa"."""
     wanted = settings.decode_attention() == "triton"
     return "triton" if wanted and kernel == "triton" and head_dim >= 16 else "sdpa"
 

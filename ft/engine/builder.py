@@ -87,8 +87,8 @@ def build_engine_parts(
     except BaseException:
         strategy.close()  # hybrid's pool threads and torch's thread count
         raise
-    if settings.decode_attention() == "triton":  # opt-in: say whether it took effect
-        log.info(f"Decode attention: {model.layers[0].decode} (FT_DECODE_ATTENTION=triton)")
+    asked = settings.decode_attention()  # say whether it took effect (not on the CPU)
+    log.info(f"Decode attention: {model.layers[0].decode} (FT_DECODE_ATTENTION={asked})")
     return EngineParts(config, cfg, model, strategy, tokenizer, max_len, slots, cache_size, stops)
 
 

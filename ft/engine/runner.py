@@ -101,7 +101,7 @@ class LLMEngine:
         return outputs + self.scheduler.postprocess(seqs, token_ids)
 
     def _decode_graphs(self, max_batch: int):
-        """CUDA graphs for decode (FT_CUDA_GRAPHS=1) where the strategy allows them."""
+        """CUDA graphs for decode (unless FT_CUDA_GRAPHS=0) where the strategy allows them."""
         capturable = self.strategy.graph_safe or self.strategy.host_stop
         if not (settings.cuda_graphs() and self.device.type == "cuda" and capturable):
             return None

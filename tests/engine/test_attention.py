@@ -19,7 +19,13 @@ from tests.engine.test_graphs import generate
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(None, "sdpa"), ("triton", "triton"), ("TRITON", "triton"), ("sdpa", "sdpa"), ("x", "sdpa")],
+    [
+        (None, "triton"),
+        ("triton", "triton"),
+        ("TRITON", "triton"),
+        ("sdpa", "sdpa"),
+        ("x", "triton"),
+    ],  # fmt: skip
 )
 def test_decode_attention_setting(monkeypatch, value, expected):
     if value is None:
