@@ -20,6 +20,7 @@ import torch
 
 from ft import __version__, cpuinfo
 from ft.bench.roofline import Bandwidths, StepBytes, bandwidths, roofline
+from ft.engine.config import MAX_PREFETCH_DEPTH
 from ft.errors import FtError
 
 COUNTERS = (
@@ -54,7 +55,8 @@ class DecodeBenchConfig:
     trace: str | None = None  # folder: profile a few extra decode steps per run (decode_trace)
     max_fetch: str = "auto"  # hybrid's --moe-hybrid-max-fetch
     cpu_moe_threads: int | None = None  # hybrid's pool size
-    moe_prefetch: bool = True  # offload, graphed: prefetch the next layer's guessed misses
+    moe_prefetch: bool = True  # offload, hybrid, graphed: prefetch the next layers' guesses
+    moe_prefetch_depth: int = 2  # how many layers ahead
     expert_format: str | None = None  # None: the checkpoint's (given: checked against it)
 
     def __post_init__(self) -> None:
@@ -68,6 +70,9 @@ class DecodeBenchConfig:
             raise FtError("--tokens and the prompt length must be >= 1, --warmup >= 0")
         if self.peer is not None and self.peer not in PEERS:
             raise FtError(f"--peer {self.peer!r}: known peers are {', '.join(PEERS)}")
+        depth = self.moe_prefetch_depth
+        if not 1 <= depth <= MAX_PREFETCH_DEPTH:
+            raise FtError(f"--moe-prefetch-depth must be 1..{MAX_PREFETCH_DEPTH}, got {depth}")
 
     @property
     def total_steps(self) -> int:
@@ -158,7 +163,8 @@ def _engine(cfg, base, strategy: str, store):
         gpu_memory_limit=cfg.gpu_memory_limit, max_num_seqs=max(cfg.batches),
         max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
         moe_hybrid_max_fetch=cfg.max_fetch, cpu_moe_threads=cfg.cpu_moe_threads,
-        moe_prefetch=cfg.moe_prefetch, bw_profile=cfg.profile, expert_format=base.expert_format,
+        moe_prefetch=cfg.moe_prefetch, moe_prefetch_depth=cfg.moe_prefetch_depth,
+        bw_profile=cfg.profile, expert_format=base.expert_format,
     )  # fmt: skip
     return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared
 

@@ -75,10 +75,17 @@ class EngineFlags:
         bool,
         typer.Option(
             "--moe-prefetch/--no-moe-prefetch",
-            help="offload with FT_CUDA_GRAPHS=1: at each MoE layer, also fetch the misses the "
-            "next layer's router picks from this layer's input, overlapped with compute.",
+            help="offload, hybrid, CUDA graphs: at each MoE layer, also fetch the misses "
+            "the next layers' routers pick from this layer's input, overlapped with compute.",
         ),
     ] = True
+    moe_prefetch_depth: Annotated[
+        int,
+        typer.Option(
+            "--moe-prefetch-depth",
+            help="How many MoE layers ahead --moe-prefetch guesses and fetches (1-4).",
+        ),
+    ] = 2
     bw_profile: Annotated[
         Path | None,
         typer.Option(

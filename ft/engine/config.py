@@ -14,6 +14,7 @@ ARCHITECTURES = {"Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixt
 STRATEGIES = ("resident", "offload", "hybrid", "auto")  # auto resolves to one of the others
 DTYPES = ("bfloat16", "float16", "float32")
 EXPERT_FORMATS = ("bf16", "int8", "fp8_block", "nvfp4")  # ft.engine.formats.FORMATS, torch-free
+MAX_PREFETCH_DEPTH = 4  # router guesses lose accuracy with distance; more buys nothing
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ class EngineConfig:
     moe_hybrid_max_fetch: float | str = "auto"  # hybrid: fraction of misses fetched, or "auto"
     cpu_moe_threads: int | None = None  # None: physical cores - 1
     cpu_moe_inline: bool = False  # fault injection: CPU expert work on the engine thread
-    moe_prefetch: bool = True  # offload, graphed decode: prefetch the next layer's guessed misses
+    moe_prefetch: bool = True  # offload, hybrid, graphed decode: prefetch guessed misses
+    moe_prefetch_depth: int = 2  # how many layers ahead a stop prefetches guesses for
     bw_profile: str | None = None  # None: $FT_CACHE_DIR/benchbw.json
 
     def __post_init__(self) -> None:
@@ -216,6 +218,11 @@ class EngineConfig:
             raise FtError(f"gpu_memory_limit must be positive GiB, got {self.gpu_memory_limit}")
         if self.memory_margin_gib < 0:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
+        if not 1 <= self.moe_prefetch_depth <= MAX_PREFETCH_DEPTH:
+            raise FtError(
+                f"moe_prefetch_depth must be 1..{MAX_PREFETCH_DEPTH} layers, "
+                f"got {self.moe_prefetch_depth}"
+            )
 
     def _check_hybrid_flags(self) -> None:
         object.__setattr__(self, "moe_hybrid_max_fetch", parse_max_fetch(self.moe_hybrid_max_fetch))
@@ -243,6 +250,11 @@ class EngineConfig:
             raise FtError(
                 f"moe_cache_size {self.moe_cache_size} is larger than the expert count {total}"
             )
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Layers ahead that offload's and hybrid's stops prefetch guesses for: 0 is off."""
+        return self.moe_prefetch_depth if self.moe_prefetch else 0
 
     def describe(self) -> str:
         """The body of the `Resolved config:` log line."""

@@ -1,4 +1,4 @@
-"""CUDA graphs for the decode step (FT_CUDA_GRAPHS=1).
+"""CUDA graphs for the decode step (on by default on CUDA; FT_CUDA_GRAPHS=0 turns them off).
 
 The step is cut where the MoE strategy needs the host, and each stretch between two cuts is
 captured once per (batch size, KV length bucket) and replayed:
@@ -11,8 +11,10 @@ At each cut the host reads the router's ids (one sync), and the strategy's `prep
 misses (copies on the cache's stream) and publishes their slots to the device; the next stretch's
 `compute` reads them there (`run_step`); hybrid's stop also runs the CPU's share of the layer and
 leaves its result in a device buffer that `compute` adds. Where the strategy prefetches, the stretch
-also runs the next cut's router on this cut's input, and once the next stretch is launched,
-`prefetch` starts copying that guess's misses, so they cross PCIe while that stretch computes.
+also runs the routers of the next `prefetch_depth` cuts on this cut's input, and once the next
+stretch is launched, `prefetch` starts copying those guesses' misses, nearest cut first, so they
+cross PCIe while the stretches before them compute. A depth of 2 keeps the copies a layer ahead:
+with 1, a layer that needs more copies than its neighbours holds the compute up.
 Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
 step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
 masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
@@ -58,23 +60,29 @@ class Handoff:
     x: torch.Tensor  # [B, D] that layer's MoE input
     ids: torch.Tensor  # [B, K] its routed experts
     weights: torch.Tensor  # [B, K]
-    stop: torch.Tensor  # [B, 2K] what the host reads: the routed ids, then the next cut's guess
+    # [B, (1 + depth) K] what the host reads: the routed ids, then the guesses of the next
+    # `depth` cuts (prefetch_depth)
+    stop: torch.Tensor
 
     @classmethod
-    def allocate(cls, max_batch: int, cfg, dtype, device) -> Handoff:
+    def allocate(cls, max_batch: int, cfg, dtype, device, depth: int = 1) -> Handoff:
         act = lambda: torch.zeros(max_batch, cfg.hidden_size, dtype=dtype, device=device)  # noqa: E731
         ids = torch.zeros(max_batch, cfg.top_k, dtype=torch.long, device=device)
-        stop = torch.zeros(max_batch, 2 * cfg.top_k, dtype=torch.long, device=device)
+        stop = torch.zeros(max_batch, (1 + depth) * cfg.top_k, dtype=torch.long, device=device)
         return cls(act(), act(), ids, torch.zeros(ids.shape, dtype=dtype, device=device), stop)
 
     def rows(self, b: int) -> Handoff:
         """The first b sequences' rows (views: the same static buffers)."""
         return Handoff(self.h[:b], self.x[:b], self.ids[:b], self.weights[:b], self.stop[:b])
 
-    def write(self, b: int, h, x, ids, weights, guess) -> None:
+    def write(self, b: int, h, x, ids, weights, guesses: list) -> None:
+        """guesses: [B, K] ids per later cut, as many as `stop` has room for (the cut's own ids
+        fill in past the last cut)."""
         k = ids.shape[1]
-        pairs = (self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)
-        for dst, src in pairs + ((self.stop[:, :k], ids), (self.stop[:, k:], guess)):
+        pairs = [(self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)]
+        columns = [ids, *guesses] + [ids] * (self.stop.shape[1] // k - 1 - len(guesses))
+        pairs += [(self.stop[:, j * k : (j + 1) * k], c) for j, c in enumerate(columns)]
+        for dst, src in pairs:
             dst[:b].copy_(src)
 
 
@@ -102,9 +110,9 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     layer = model.layers[last]
     h, x = layer.attend(h, delta, batch)
     ids, weights = layer.route(x)
-    prefetch = layer.moe.prefetch_next and k + 1 < len(cuts)
-    guess = model.layers[cuts[k + 1]].route(x)[0] if prefetch else ids
-    dst.write(b, h, x, ids, weights, guess)
+    ahead = cuts[k + 1 : k + 1 + layer.moe.prefetch_depth]  # the cuts whose experts to guess
+    guesses = [model.layers[cut].route(x)[0] for cut in ahead]
+    dst.write(b, h, x, ids, weights, guesses)
     return dst.rows(b)
 
 
@@ -114,29 +122,32 @@ def run_step(strategy, cuts: list[int], launch) -> torch.Tensor:
 
     At cut k the host reads the rows (the step's one sync per cut), makes the cut's experts
     ready (`prepare`: fetch the misses, publish the slots) and launches the next stretch; only
-    then does it start copying the next cut's guessed misses (`prefetch`), so the GPU is not
+    then does it start copying the later cuts' guessed misses (`prefetch`), so the GPU is not
     kept waiting for those calls and the copies overlap the stretch just queued. That stretch
     reads the cut's experts only, which a prefetch never evicts.
     """
-    guess = None
+    guesses = []
     for k in range(len(cuts) + 1):
         out = launch(k)
-        if guess is not None:
+        for guess in guesses:
             strategy.prefetch(*guess)
         if k < len(cuts):
-            guess = stop(strategy, cuts, k, out)
+            guesses = stop(strategy, cuts, k, out)
     return out
 
 
-def stop(strategy, cuts: list[int], k: int, handoff: Handoff):
+def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
     """The host's part at cut k before the next stretch, given the Handoff rows the stretch
-    before it wrote -> the prefetch to start once the next stretch is queued, or None."""
-    rows = handoff.stop.tolist()  # [B][2K]: the cut's one host sync
-    top_k = len(rows[0]) // 2
+    before it wrote -> the prefetches to start once the next stretch is queued, nearest cut
+    first: (layer, ids [B][K], keep_layer) each."""
+    rows = handoff.stop.tolist()  # [B][(1 + depth) K]: the cut's one host sync
+    top_k = len(rows[0]) // (1 + strategy.prefetch_depth)
     strategy.prepare(cuts[k], [row[:top_k] for row in rows], handoff.x, handoff.weights)
-    if strategy.prefetch_next and k + 1 < len(cuts):
-        return cuts[k + 1], [row[top_k:] for row in rows], cuts[k]  # (layer, ids, keep_layer)
-    return None
+    ahead = cuts[k + 1 : k + 1 + strategy.prefetch_depth]
+    return [
+        (cut, [row[(j + 1) * top_k : (j + 2) * top_k] for row in rows], cuts[k])
+        for j, cut in enumerate(ahead)
+    ]
 
 
 class DecodeGraphs:
@@ -152,8 +163,10 @@ class DecodeGraphs:
         self.tokens = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros_like(self.tokens)
         self.slots = torch.zeros_like(self.tokens)
-        dtype = model.embed.dtype
-        self.handoffs = [Handoff.allocate(max_batch, model.cfg, dtype, device) for _ in range(2)]
+        dtype, depth = model.embed.dtype, strategy.prefetch_depth
+        self.handoffs = [
+            Handoff.allocate(max_batch, model.cfg, dtype, device, depth) for _ in range(2)
+        ]
         self.graphs: dict[tuple[int, int], list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]] = {}
         self.pool = None
 

@@ -24,6 +24,8 @@ from ft.errors import FtError
         (dict(kv_reserve_tokens=-5), "at least 1"),
         (dict(gpu_memory_limit=-1.0), "positive"),
         (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(moe_strategy="offload", moe_prefetch_depth=0), "moe_prefetch_depth must be 1..4"),
+        (dict(moe_strategy="offload", moe_prefetch_depth=5), "moe_prefetch_depth must be 1..4"),
     ],
 )
 def test_engine_config_rejects(kwargs, message):
@@ -34,6 +36,8 @@ def test_engine_config_rejects(kwargs, message):
 def test_engine_config_defaults_resolve():
     config = EngineConfig(model="m", device="cpu")
     assert config.dtype == "float32" and config.moe_strategy == "resident"
+    assert config.prefetch_depth == 2  # offload's and hybrid's stops guess two layers ahead
+    assert EngineConfig(model="m", device="cpu", moe_prefetch=False).prefetch_depth == 0
     assert config.describe().startswith(
         "moe_strategy='resident', expert_format='bf16', device='cpu'"
     )

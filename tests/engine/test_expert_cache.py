@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ft.engine.experts.cache import ExpertCache
@@ -117,3 +118,24 @@ def test_prefetch_never_evicts_the_layer_being_computed():
 def _weights(store, expert):
     bank = store.banks[0]
     return bank["w13"][expert], bank["w2"][expert]
+
+
+@pytest.mark.gpu
+def test_prefetches_and_misses_on_two_streams_leave_each_slot_its_expert():
+    """A miss's copy (its own stream) may take a slot that a prefetch (another stream) is
+    still writing, and compute may read a prefetched slot: the events order all of it."""
+    store = make_store(layers=3, experts=6, hidden=1024, inter=1024)  # 8 MiB a copy: slow
+    cache = ExpertCache(store, num_slots=4, device="cuda")
+    cache.ensure(0, [0])
+    cache.prefetch(1, [0, 1, 2], keep_layer=0)  # in flight on the prefetch stream
+    cache.prefetch(2, [0, 1], keep_layer=5)  # evicts (0, 0) and the prefetched (1, 0)
+    slots = cache.ensure(1, [3, 4, 1])  # 1 a prefetch hit; 3, 4 evict (1, 2) and (2, 0),
+    assert cache.prefetch_hits == 1  # whose prefetch copies may still be running
+    reads = {e: cache.bank["w13"][s].clone() for e, s in zip([3, 4, 1], slots, strict=True)}
+    torch.cuda.synchronize()
+    for expert, w13 in reads.items():
+        assert cache.slot_of(1, expert) is not None
+        torch.testing.assert_close(w13.cpu(), store.banks[1]["w13"][expert])
+    for layer, expert in cache.cached():
+        slot = cache.slot_of(layer, expert)
+        torch.testing.assert_close(cache.bank["w2"][slot].cpu(), store.banks[layer]["w2"][expert])

@@ -37,19 +37,23 @@ def decode_batch(engine):
 
 
 @pytest.mark.parametrize(
-    "strategy_name,prefetch", [("offload", False), ("offload", True), ("hybrid", False)]
+    "strategy_name,depth",
+    [("offload", 0), ("offload", 1), ("offload", 2), ("hybrid", 0), ("hybrid", 2)],
 )
-def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, strategy_name, prefetch):
+def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, strategy_name, depth):
     config = EngineConfig(
         model=str(synth_tiny[0]), device="cpu", max_model_len=64, moe_strategy=strategy_name,
-        moe_cache_size=14, moe_prefetch=prefetch, moe_hybrid_max_fetch=0.3, cpu_moe_threads=1,
+        moe_cache_size=14, moe_prefetch=depth > 0, moe_prefetch_depth=max(depth, 1),
+        moe_hybrid_max_fetch=0.3, cpu_moe_threads=1,
     )  # fmt: skip
     engine = LLMEngine(config)
     model, strategy = engine.model, engine.strategy
+    assert strategy.prefetch_depth == depth
     batch = decode_batch(engine)
     cuts = cut_layers(model, strategy)
     assert cuts == engine.model_config.moe_layers  # a stop at every MoE layer
-    buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu") for _ in range(2)]
+    dtype, top_k = model.embed.dtype, model.cfg.top_k
+    buffers = [Handoff.allocate(4, model.cfg, dtype, "cpu", depth) for _ in range(2)]
     inputs = (batch.token_ids, batch.positions, batch.slots, 64)
     uses = strategy.counters()["expert_uses"]
     launched = []
@@ -57,15 +61,19 @@ def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, strate
     def launch(k):
         launched.append(k)
         out = run_stretch(model, cuts, k, buffers[k % 2], buffers[(k + 1) % 2], inputs)
-        if k < len(cuts):  # the cut's routed ids, then the next cut's guess
-            assert out.stop.shape == (3, 2 * model.cfg.top_k)
+        if k < len(cuts):  # the cut's routed ids, then the next `depth` cuts' guesses
+            assert out.stop.shape == (3, (1 + depth) * top_k)
+            ahead = cuts[k + 1 : k + 1 + depth]
+            for j, cut in enumerate(ahead):  # each guess is that cut's router on this input
+                guess = model.layers[cut].route(out.x)[0]
+                torch.testing.assert_close(out.stop[:, (j + 1) * top_k : (j + 2) * top_k], guess)
         return out
 
     out = run_step(strategy, cuts, launch)
     assert launched == list(range(len(cuts) + 1))
     counters = strategy.counters()
     stretched_uses = counters["expert_uses"] - uses
-    assert (counters["experts_prefetched"] > 0) == prefetch
+    assert (counters["experts_prefetched"] > 0) == (depth > 0)
     assert counters["cache_hits"] + counters["cache_misses"] == counters["expert_uses"]
     assert (counters["experts_cpu"] > 0) == (strategy_name == "hybrid")  # the CPU's share ran
     expected = model.forward(batch)  # eager: the strategy's own per-layer sync path
@@ -77,7 +85,7 @@ def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, strate
 class RecordingStrategy:
     """Stands in for offload at the stops: records what the host does, in order."""
 
-    prefetch_next = True
+    prefetch_depth = 1
 
     def __init__(self):
         self.calls = []
@@ -110,6 +118,29 @@ def test_a_stop_prefetches_only_after_the_next_stretch_is_launched():
     ]  # fmt: skip
 
 
+def test_a_stop_prefetches_two_cuts_ahead_nearest_first():
+    strategy, cuts = RecordingStrategy(), [1, 3, 5]
+    strategy.prefetch_depth = 2
+    # K=1: the cut's routed id, then the guesses of the next two cuts (padding past the last)
+    rows = {0: [[4, 6, 8]], 1: [[6, 9, 6]], 2: [[9, 9, 9]]}
+
+    def launch(k):
+        strategy.calls.append(("launch", k))
+        if k == len(cuts):
+            return torch.zeros(1, 8)
+        stop = torch.tensor(rows[k])
+        return Handoff(*(torch.zeros(1, 4),) * 2, ids=None, weights=None, stop=stop)
+
+    run_step(strategy, cuts, launch)
+    assert strategy.calls == [
+        ("launch", 0), ("prepare", 1, [[4]]),
+        ("launch", 1), ("prefetch", 3, [[6]], 1), ("prefetch", 5, [[8]], 1),
+        ("prepare", 3, [[6]]),
+        ("launch", 2), ("prefetch", 5, [[9]], 3), ("prepare", 5, [[9]]),
+        ("launch", 3),
+    ]  # fmt: skip
+
+
 def test_resident_decode_is_one_stretch(synth_tiny):
     engine = LLMEngine(EngineConfig(model=str(synth_tiny[0]), device="cpu", max_model_len=64))
     assert cut_layers(engine.model, engine.strategy) == []
@@ -138,7 +169,8 @@ def test_cuda_graphs_decode_like_eager(synth_tiny, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "strategy_name,prefetch", [("offload", False), ("offload", True), ("hybrid", False)]
+    "strategy_name,prefetch",
+    [("offload", False), ("offload", True), ("hybrid", False), ("hybrid", True)],
 )
 def test_host_stop_graphs_decode_like_eager(synth_tiny, monkeypatch, strategy_name, prefetch):
     config = dict(moe_strategy=strategy_name, moe_cache_size=14, moe_prefetch=prefetch)  # evicts

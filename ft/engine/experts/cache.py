@@ -4,8 +4,11 @@ The slots are a bank like the store's (part name -> [N, ...], the expert format'
 miss copies every part of the expert into its slot.
 
 A miss copies the expert from the host store into a slot on a separate CUDA stream; the
-compute stream waits on an event, so only work that needs the expert waits for it. On the
-CPU device the copy is a plain copy_ (the CPU plays the accelerator in CI).
+compute stream waits on an event, so only work that needs the expert waits for it. Prefetches
+(guesses, copied ahead of need) have a stream of their own, so a miss the layer waits for never
+queues behind them; each prefetch records an event, and the compute stream waits only up to the
+one that brings the experts it reads. On the CPU device the copy is a plain copy_ (the CPU plays
+the accelerator in CI).
 
 Which slot holds what is also kept as a table [layers, E] (slot, or -1), on the host and, row by
 row as `publish` sends it, on the device: decode's expert compute reads its slots there, so it
@@ -36,13 +39,20 @@ class ExpertCache:
         self.hits = self.misses = self.evictions = self.bytes_fetched = 0
         self.loads = self.prefetched = self.prefetch_hits = 0  # loads: every copy, prefetches too
         self._prefetched_keys: set[tuple[int, int]] = set()  # prefetched, not used yet
-        self._unwaited: set[tuple[int, int]] = set()  # prefetched, the compute stream not waiting
-        self._prefetch_done: torch.cuda.Event | None = None
+        # prefetch copies in flight: key -> number of the prefetch that copies it, whose event
+        # is in _prefetch_events; the compute stream already waits for those up to _waited
+        self._in_flight: dict[tuple[int, int], int] = {}
+        self._prefetch_events: dict[int, torch.cuda.Event] = {}
+        self._prefetches = self._waited = 0
         cuda = self.device.type == "cuda"
-        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        self._copy_stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
+        self._prefetch_stream = torch.cuda.Stream(self.device) if cuda else None
         shape = (len(store.banks), store.num_experts)  # [layers, E]
         self._table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
         self.slot_table = self._table.to(self.device) if cuda else self._table  # the device's copy
+        # the host writes the table through a numpy view of the same memory: an item assignment
+        # there costs ~0.2 us against ~6 us for a tensor's, twice per load, at every stop
+        self._table_items = self._table.numpy()
 
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
         """Slots holding these experts of `layer`, fetching the misses. len(experts) <= slots."""
@@ -77,16 +87,20 @@ class ExpertCache:
             return
         self.prefetched += len(missing)
         self._prefetched_keys.update((layer, e) for e in missing)
-        if self._copy_stream is None:
+        if self._prefetch_stream is None:
             for expert in missing:
                 self._load(layer, expert, non_blocking=False)
             return
-        with torch.cuda.stream(self._copy_stream):
+        with torch.cuda.stream(self._prefetch_stream):
             for expert in missing:
                 self._load(layer, expert, non_blocking=True)
-            self._prefetch_done = torch.cuda.Event()
-            self._prefetch_done.record(self._copy_stream)
-        self._unwaited.update((layer, e) for e in missing)
+            done = torch.cuda.Event()
+            done.record(self._prefetch_stream)
+        self._prefetches += 1
+        self._in_flight.update(((layer, e), self._prefetches) for e in missing)
+        live = set(self._in_flight.values())  # drop the events no copy in flight needs
+        self._prefetch_events = {n: ev for n, ev in self._prefetch_events.items() if n in live}
+        self._prefetch_events[self._prefetches] = done
 
     def _evictable(self, keep_layer: int, want: int) -> int:
         """How many of `want` slots can be taken before one holding an expert of keep_layer."""
@@ -102,9 +116,20 @@ class ExpertCache:
             return
         self.prefetch_hits += 1
         self._prefetched_keys.discard(key)
-        if key in self._unwaited:  # the copy stream is in order: one wait covers all of them
-            self._unwaited.clear()
-            torch.cuda.current_stream(self.device).wait_event(self._prefetch_done)
+        if key in self._in_flight:
+            self._wait_for_prefetch(key, torch.cuda.current_stream(self.device), compute=True)
+
+    def _wait_for_prefetch(self, key: tuple[int, int], stream, compute: bool = False) -> None:
+        """Make `stream` wait until key's prefetch copy is done, if it may still be running.
+        The prefetch stream is in order: waiting for prefetch n covers every earlier one."""
+        n = self._in_flight.pop(key, 0)
+        if n <= self._waited:
+            return
+        stream.wait_event(self._prefetch_events[n])
+        if compute:  # the compute stream waits for these from now on: forget them
+            self._waited = n
+            for done in [m for m in self._prefetch_events if m <= n]:
+                del self._prefetch_events[done]
 
     def _fetch(self, layer: int, missing: list[tuple[int, int]], slots: list) -> None:
         if self._copy_stream is None:
@@ -115,29 +140,34 @@ class ExpertCache:
         self._copy_stream.wait_stream(compute)  # queued reads of evicted slots finish first
         with torch.cuda.stream(self._copy_stream):
             for i, expert in missing:
-                slots[i] = self._load(layer, expert, non_blocking=True)
+                slots[i] = self._load(layer, expert, non_blocking=True, stream=self._copy_stream)
             done = torch.cuda.Event()
             done.record(self._copy_stream)
         compute.wait_event(done)  # the compute stream waits; the host does not
 
-    def _load(self, layer: int, expert: int, non_blocking: bool) -> int:
-        slot = self._take_slot()
+    def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:
+        slot = self._take_slot(stream)
         host = self.store.banks[layer]
         for name, slots in self.bank.items():
             slots[slot].copy_(host[name][expert], non_blocking=non_blocking)
         self._slot_of[(layer, expert)] = slot
-        self._table[layer, expert] = slot
+        self._table_items[layer, expert] = slot
         self.loads += 1
         self.bytes_fetched += self.store.expert_bytes
         return slot
 
-    def _take_slot(self) -> int:
+    def _take_slot(self, stream=None) -> int:
+        """A free slot, or the least recently used one's; `stream` (a miss's copy stream) first
+        waits for a prefetch copy that may still be writing that slot."""
         if self._free:
             return self._free.pop()
         key, slot = self._slot_of.popitem(last=False)  # evict the least recently used
-        self._table[key] = -1
+        self._table_items[key] = -1
         self._prefetched_keys.discard(key)  # prefetched and never used: wasted
-        self._unwaited.discard(key)
+        if stream is not None:
+            self._wait_for_prefetch(key, stream)
+        else:  # the prefetch stream itself: its copies are in order
+            self._in_flight.pop(key, None)
         self.evictions += 1
         return slot
 

@@ -29,7 +29,7 @@ def build_strategy(
 
         if cache_size is None:
             raise FtError("offload needs a cache size (resolve it with ft.engine.memory)")
-        return OffloadStrategy(store, config.device, cache_size, prefetch=config.moe_prefetch)
+        return OffloadStrategy(store, config.device, cache_size, config.prefetch_depth)
     if config.moe_strategy == "hybrid":
         from ft.engine.strategies.hybrid import build_hybrid
 

@@ -46,7 +46,7 @@ class MoeStrategy:
         """Whether `pairs` routed (token, expert) pairs take the device work-list path."""
         return pairs <= MAX_DEVICE_PAIRS
 
-    prefetch_next = False  # host_stop strategies: whether a stop also prefetches a guess
+    prefetch_depth = 0  # host_stop strategies: how many later cuts a stop prefetches guesses of
 
     def prepare(self, layer: int, topk_ids: list[list[int]], x, topk_weights) -> None:
         """host_stop strategies: make this layer's experts ready for `compute` (host side),
@@ -54,7 +54,7 @@ class MoeStrategy:
         raise NotImplementedError
 
     def prefetch(self, layer: int, topk_ids: list[list[int]], keep_layer: int) -> None:
-        """prefetch_next strategies: start fetching the experts a router guesses `layer` will
+        """prefetch_depth > 0: start fetching the experts a router guesses `layer` will
         use [T][K], without evicting any of `keep_layer`'s (its compute is queued)."""
         raise NotImplementedError
 

@@ -72,8 +72,9 @@ class HybridStrategy(OffloadStrategy):
         max_fetch: float,
         cpu_max_tokens: int = CPU_MAX_TOKENS,
         torch_threads_before: int | None = None,  # restored on close()
+        prefetch_depth: int = 2,
     ):
-        super().__init__(store, device, num_slots, prefetch=False)
+        super().__init__(store, device, num_slots, prefetch_depth)
         self.pool = pool
         self.max_fetch = max_fetch
         self.cpu_max_tokens = cpu_max_tokens
@@ -84,6 +85,7 @@ class HybridStrategy(OffloadStrategy):
         shape, cuda = (MAX_DEVICE_PAIRS, store.hidden_size), torch.device(device).type == "cuda"
         self._cpu_share = torch.zeros(shape, dtype=torch.float32, device=device)
         self._cpu_staging = torch.zeros(shape, dtype=torch.float32, pin_memory=cuda)
+        self._share_rows = 0  # rows of _cpu_share the last hand-over wrote (the rest are zero)
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         if self.decode_fits(topk_ids.numel()):  # offload's: prepare (one host sync), compute
@@ -104,8 +106,9 @@ class HybridStrategy(OffloadStrategy):
         routed = sorted(tokens)
         self.expert_uses += len(routed)
         cpu = self._misses_for_cpu(layer, {e: tokens[e] for e in routed})  # ensure fetches the rest
-        ids = torch.tensor(topk_ids)  # [T, K] on the host already
-        handle = self._submit_cpu(layer, x, ids, topk_weights, cpu)  # the pool starts first
+        handle = None
+        if cpu:  # the pool starts first; the ids [T, K] are on the host already
+            handle = self._submit_cpu(layer, x, torch.tensor(topk_ids), topk_weights, cpu)
         on_cpu = set(cpu)
         self.cache.ensure(layer, [e for e in routed if e not in on_cpu])  # hits + fetches
         self.cache.publish(layer)  # the CPU's experts are in no slot: -1, compute skips them
@@ -116,8 +119,11 @@ class HybridStrategy(OffloadStrategy):
         host waits for the pool here, while the fetches cross PCIe."""
         share = self._cpu_share[:tokens]
         if handle is None:
-            share.zero_()
+            if self._share_rows:  # a launch per stop only where the last one left a share
+                self._cpu_share[: self._share_rows].zero_()
+                self._share_rows = 0
             return
+        self._share_rows = max(self._share_rows, tokens)
         result = handle.wait()
         self.cpu_threads |= handle.ran_on
         if share.device.type == "cpu":
@@ -188,5 +194,6 @@ def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float) -
         layers=len(store.moe_layers), top_k=top_k,
     )  # fmt: skip
     return HybridStrategy(
-        store, config.device, cache_size, pool, max_fetch, torch_threads_before=before
-    )
+        store, config.device, cache_size, pool, max_fetch, torch_threads_before=before,
+        prefetch_depth=config.prefetch_depth,
+    )  # fmt: skip

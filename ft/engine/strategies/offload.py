@@ -4,7 +4,8 @@ slot, then computed on the device.
 Decode, per layer: one host sync (the router's ids, to learn which experts miss), the misses'
 copies on the cache's side stream, the layer's row of the slot table to the device (`prepare`),
 then one batched compute that reads its slots there (`compute`, capturable in a CUDA graph).
-With graphs, a stop can also start fetching the next layer's guessed misses (`prefetch`).
+With graphs, a stop can also start fetching the guessed misses of the next `prefetch_depth`
+layers (`prefetch`).
 Prefill, or a layer needing more experts than slots: grouped on the host, in chunks of slots.
 """
 
@@ -21,10 +22,11 @@ class OffloadStrategy(MoeStrategy):
     name = "offload"
     host_stop = True
 
-    def __init__(self, store, device, num_slots: int, prefetch: bool = True):
+    def __init__(self, store, device, num_slots: int, prefetch_depth: int = 2):
         super().__init__(store, device)
         self.cache = ExpertCache(store, num_slots, device)
-        self.prefetch_next = prefetch  # at a stop, also fetch what the next layer's router guesses
+        # at a stop, also fetch what the next layers' routers guess from this layer's input
+        self.prefetch_depth = prefetch_depth
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         if not self.decode_fits(topk_ids.numel()):
