@@ -20,7 +20,7 @@ import torch
 
 from ft import __version__, cpuinfo
 from ft.bench.roofline import Bandwidths, StepBytes, bandwidths, roofline
-from ft.engine.config import MAX_PREFETCH_DEPTH
+from ft.engine.config import check_prefetch_depth
 from ft.errors import FtError
 
 COUNTERS = (
@@ -70,9 +70,7 @@ class DecodeBenchConfig:
             raise FtError("--tokens and the prompt length must be >= 1, --warmup >= 0")
         if self.peer is not None and self.peer not in PEERS:
             raise FtError(f"--peer {self.peer!r}: known peers are {', '.join(PEERS)}")
-        depth = self.moe_prefetch_depth
-        if not 1 <= depth <= MAX_PREFETCH_DEPTH:
-            raise FtError(f"--moe-prefetch-depth must be 1..{MAX_PREFETCH_DEPTH}, got {depth}")
+        check_prefetch_depth(self.moe_prefetch_depth, "--moe-prefetch-depth")
 
     @property
     def total_steps(self) -> int:

@@ -218,11 +218,7 @@ class EngineConfig:
             raise FtError(f"gpu_memory_limit must be positive GiB, got {self.gpu_memory_limit}")
         if self.memory_margin_gib < 0:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
-        if not 1 <= self.moe_prefetch_depth <= MAX_PREFETCH_DEPTH:
-            raise FtError(
-                f"moe_prefetch_depth must be 1..{MAX_PREFETCH_DEPTH} layers, "
-                f"got {self.moe_prefetch_depth}"
-            )
+        check_prefetch_depth(self.moe_prefetch_depth)
 
     def _check_hybrid_flags(self) -> None:
         object.__setattr__(self, "moe_hybrid_max_fetch", parse_max_fetch(self.moe_hybrid_max_fetch))
@@ -262,6 +258,12 @@ class EngineConfig:
         order = ["moe_strategy", "expert_format", "device"]
         shown.sort(key=lambda s: order.index(s.split("=")[0]) if s.split("=")[0] in order else 9)
         return ", ".join(shown)
+
+
+def check_prefetch_depth(depth: int, name: str = "moe_prefetch_depth") -> None:
+    """FtError unless `depth` (layers a stop guesses ahead) is 1..MAX_PREFETCH_DEPTH."""
+    if not 1 <= depth <= MAX_PREFETCH_DEPTH:
+        raise FtError(f"{name} must be 1..{MAX_PREFETCH_DEPTH}, got {depth}")
 
 
 def _checkpoint_format(model: str) -> str | None:

@@ -76,11 +76,11 @@ class Handoff:
         return Handoff(self.h[:b], self.x[:b], self.ids[:b], self.weights[:b], self.stop[:b])
 
     def write(self, b: int, h, x, ids, weights, guesses: list) -> None:
-        """guesses: [B, K] ids per later cut, as many as `stop` has room for (the cut's own ids
-        fill in past the last cut)."""
+        """guesses: [B, K] ids per later cut (`guessed_cuts`; near the last cut there are fewer
+        than `stop` has room for, and the columns past them are not read)."""
         k = ids.shape[1]
         pairs = [(self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)]
-        columns = [ids, *guesses] + [ids] * (self.stop.shape[1] // k - 1 - len(guesses))
+        columns = [ids, *guesses]
         pairs += [(self.stop[:, j * k : (j + 1) * k], c) for j, c in enumerate(columns)]
         for dst, src in pairs:
             dst[:b].copy_(src)
@@ -89,6 +89,12 @@ class Handoff:
 def cut_layers(model, strategy) -> list[int]:
     """The MoE layers where decode stops for the host: none for graph_safe strategies."""
     return [layer.index for layer in model.layers if layer.is_moe] if strategy.host_stop else []
+
+
+def guessed_cuts(cuts: list[int], k: int, depth: int) -> list[int]:
+    """The cuts whose experts the stretch ending at cut k guesses, and the stop at cut k
+    prefetches, nearest first: up to `depth` of them."""
+    return cuts[k + 1 : k + 1 + depth]
 
 
 def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs):
@@ -110,7 +116,7 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     layer = model.layers[last]
     h, x = layer.attend(h, delta, batch)
     ids, weights = layer.route(x)
-    ahead = cuts[k + 1 : k + 1 + layer.moe.prefetch_depth]  # the cuts whose experts to guess
+    ahead = guessed_cuts(cuts, k, layer.moe.prefetch_depth)
     guesses = [model.layers[cut].route(x)[0] for cut in ahead]
     dst.write(b, h, x, ids, weights, guesses)
     return dst.rows(b)
@@ -143,7 +149,7 @@ def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
     rows = handoff.stop.tolist()  # [B][(1 + depth) K]: the cut's one host sync
     top_k = len(rows[0]) // (1 + strategy.prefetch_depth)
     strategy.prepare(cuts[k], [row[:top_k] for row in rows], handoff.x, handoff.weights)
-    ahead = cuts[k + 1 : k + 1 + strategy.prefetch_depth]
+    ahead = guessed_cuts(cuts, k, strategy.prefetch_depth)
     return [
         (cut, [row[(j + 1) * top_k : (j + 2) * top_k] for row in rows], cuts[k])
         for j, cut in enumerate(ahead)

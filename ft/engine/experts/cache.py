@@ -40,7 +40,8 @@ class ExpertCache:
         self.loads = self.prefetched = self.prefetch_hits = 0  # loads: every copy, prefetches too
         self._prefetched_keys: set[tuple[int, int]] = set()  # prefetched, not used yet
         # prefetch copies in flight: key -> number of the prefetch that copies it, whose event
-        # is in _prefetch_events; the compute stream already waits for those up to _waited
+        # is in _prefetch_events; the compute stream already waits for those up to _waited,
+        # whose events are dropped at the next prefetch
         self._in_flight: dict[tuple[int, int], int] = {}
         self._prefetch_events: dict[int, torch.cuda.Event] = {}
         self._prefetches = self._waited = 0
@@ -98,7 +99,7 @@ class ExpertCache:
             done.record(self._prefetch_stream)
         self._prefetches += 1
         self._in_flight.update(((layer, e), self._prefetches) for e in missing)
-        live = set(self._in_flight.values())  # drop the events no copy in flight needs
+        live = {n for n in self._in_flight.values() if n > self._waited}  # events still needed
         self._prefetch_events = {n: ev for n, ev in self._prefetch_events.items() if n in live}
         self._prefetch_events[self._prefetches] = done
 
@@ -126,10 +127,8 @@ class ExpertCache:
         if n <= self._waited:
             return
         stream.wait_event(self._prefetch_events[n])
-        if compute:  # the compute stream waits for these from now on: forget them
+        if compute:  # the compute stream waits for prefetches 1..n from now on
             self._waited = n
-            for done in [m for m in self._prefetch_events if m <= n]:
-                del self._prefetch_events[done]
 
     def _fetch(self, layer: int, missing: list[tuple[int, int]], slots: list) -> None:
         if self._copy_stream is None:
