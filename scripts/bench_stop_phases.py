@@ -7,7 +7,8 @@ cache's bookkeeping and the misses' copies), `open` (gated), `prefetch` (the gue
 `launch` (graph replays: once a step gated, once a stretch without), `rest` (the step's other
 host time: without gates, the ids' sync is in it).
 
-    python scripts/bench_stop_phases.py --model DIR [--tokens 32] [--batch 1] [--cache-rate 0.15]
+    python scripts/bench_stop_phases.py --model DIR [--gates on,off] [--tokens 32] [--batch 1]
+        [--cache-rate 0.15]
 """
 
 from __future__ import annotations
@@ -84,8 +85,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--cache-rate", type=float, default=0.15)
+    p.add_argument("--gates", default="on,off", help="the modes to measure, in this order")
     a = p.parse_args()
-    for gates in (True, False):
+    for mode in a.gates.split(","):
+        gates = {"on": True, "off": False}[mode]
         print(json.dumps(measure(a.model, gates, a.tokens, a.batch, a.cache_rate)), flush=True)
 
 
