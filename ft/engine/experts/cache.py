@@ -134,11 +134,12 @@ class ExpertCache:
         self.prefetch_hits += 1
         self._prefetched_keys.discard(key)
         if key in self._in_flight:
-            self._wait_for_prefetch(key, None, compute=True)
+            self._wait_for_prefetch(key)
 
-    def _wait_for_prefetch(self, key: tuple[int, int], stream, compute: bool = False) -> None:
-        """Make `stream` (None: the ready stream) wait until key's prefetch copy is done, if it
-        is still running. The prefetch stream is in order: prefetch n covers every earlier one."""
+    def _wait_for_prefetch(self, key: tuple[int, int], stream=None) -> None:
+        """Make `stream` (None: the ready stream, which the compute follows) wait until key's
+        prefetch copy is done, if it is still running. The prefetch stream is in order:
+        prefetch n covers every earlier one."""
         n = self._in_flight.pop(key, 0)
         if n <= self._waited:
             return
@@ -146,17 +147,18 @@ class ExpertCache:
         if event.query():  # copied already (as are the ones before it): nothing to wait for
             self._waited = n
             return
-        (stream or self.ready_stream()).wait_event(event)
-        if compute:  # the compute waits for prefetches 1..n from now on
-            self._waited = n
+        if stream is not None:
+            stream.wait_event(event)
+            return
+        self.ready_stream().wait_event(event)
+        self._waited = n  # the compute waits for prefetches 1..n from now on
 
     def _fetch(self, layer: int, missing: list[tuple[int, int]], slots: list) -> None:
         if self._copy_stream is None:
             for i, expert in missing:
                 slots[i] = self._load(layer, expert, non_blocking=False)
             return
-        ready = self.ready_stream()
-        gated = ready is self._copy_stream
+        ready, gated = self.ready_stream(), self._gate is not None
         # queued reads of evicted slots finish first; in a gated stop there are none: every
         # compute queued before the gate ended before the host saw this stop's ids, the gated
         # one reads this layer's experts, which this call never evicts, and the ones behind
