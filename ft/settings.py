@@ -35,14 +35,6 @@ def cuda_graphs() -> bool:
     return os.environ.get("FT_CUDA_GRAPHS", "1").lower() not in ("0", "false", "no")
 
 
-def decode_gates() -> bool:
-    """FT_DECODE_GATES=1: with graphs, offload and hybrid queue the whole decode step as one graph
-    that waits on the device at each MoE layer until the host's stop opens its gate (ft.engine.
-    gates). Default off: on the H200 box it did not beat a graph per stretch at batch 1
-    (docs/perf.md, round O)."""
-    return os.environ.get("FT_DECODE_GATES", "0").lower() in ("1", "true", "yes")
-
-
 def decode_attention() -> str:
     """FT_DECODE_ATTENTION: triton (default) | sdpa: decode attention as one Triton kernel that
     also writes the step's K/V, where the fused kernels are Triton (on the H200, 1.5x resident's

@@ -1,21 +1,17 @@
-"""Where offload's decode step goes on the host, with device gates (ft.engine.gates) and without
-(FT_DECODE_GATES=0): per MoE layer, the microseconds the host spends in each phase of its loop
-over the stops, and decode tok/s, from one engine per mode on the same model and GPU.
+"""Where offload's graphed decode step goes on the host: per MoE layer, the microseconds the host
+spends in each phase of its loop over the stops, and decode tok/s.
 
-Phases: `wait` (gated: the poll for the stop rows; the GPU runs meanwhile), `prepare` (the
-cache's bookkeeping and the misses' copies), `open` (gated), `prefetch` (the guesses' copies),
-`launch` (graph replays: once a step gated, once a stretch without), `rest` (the step's other
-host time: without gates, the ids' sync is in it).
+Phases: `prepare` (the cache's bookkeeping and the misses' copies), `prefetch` (the guesses'
+copies), `launch` (a graph replay per stretch), `rest` (the step's other host time, the ids'
+sync included: the GPU's stretch runs meanwhile).
 
-    python scripts/bench_stop_phases.py --model DIR [--gates on,off] [--tokens 32] [--batch 1]
-        [--cache-rate 0.15]
+    python scripts/bench_stop_phases.py --model DIR [--tokens 32] [--batch 1] [--cache-rate 0.15]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections import defaultdict
 
@@ -38,25 +34,19 @@ def timed(owner, name: str, phase: str, spent: dict) -> None:
     setattr(owner, name, wrapper)
 
 
-def measure(model: str, gates: bool, tokens: int, batch: int, rate: float) -> dict:
-    os.environ["FT_DECODE_GATES"] = "1" if gates else "0"
+def measure(model: str, tokens: int, batch: int, rate: float) -> dict:
     config = EngineConfig(model=model, device="cuda", moe_strategy="offload", moe_cache_rate=rate,
                           max_model_len=128, max_num_seqs=batch)  # fmt: skip
     engine = LLMEngine(config)
     graphs, strategy = engine.graphs, engine.strategy
-    assert (graphs.gates is not None) == gates
+    assert graphs is not None, "needs CUDA graphs (FT_CUDA_GRAPHS=1)"
     for i in range(batch):
         params = SamplingParams(max_tokens=tokens + 4, ignore_eos=True)
         engine.add_request([5 + i, 9, 13, 21, 40, 2, 77, 31], params)
     for _ in range(4):  # prefill, then the captures' steps
         engine.step()
     spent: dict[str, float] = defaultdict(float)
-    if gates:
-        timed(graphs.gates, "rows_of", "wait", spent)
-        timed(graphs.gates, "open", "open", spent)
-        timed(strategy, "prepare_gated", "prepare", spent)
-    else:
-        timed(strategy, "prepare", "prepare", spent)
+    timed(strategy, "prepare", "prepare", spent)
     timed(strategy, "prefetch", "prefetch", spent)
     replay = torch.cuda.CUDAGraph.replay
     timed(torch.cuda.CUDAGraph, "replay", "launch", spent)
@@ -73,7 +63,7 @@ def measure(model: str, gates: bool, tokens: int, batch: int, rate: float) -> di
     fetched = strategy.counters()["experts_fetched"] - fetched
     engine.close()
     return {
-        "gates": gates, "batch": batch, "tok_s": round(steps * batch / elapsed, 1),
+        "batch": batch, "tok_s": round(steps * batch / elapsed, 1),
         "step_ms": round(elapsed / steps * 1e3, 2), "us_per_layer": phases,
         "fetched_per_step": round(fetched / max(steps, 1), 2),
     }  # fmt: skip
@@ -85,11 +75,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--cache-rate", type=float, default=0.15)
-    p.add_argument("--gates", default="on,off", help="the modes to measure, in this order")
     a = p.parse_args()
-    for mode in a.gates.split(","):
-        gates = {"on": True, "off": False}[mode]
-        print(json.dumps(measure(a.model, gates, a.tokens, a.batch, a.cache_rate)), flush=True)
+    print(json.dumps(measure(a.model, a.tokens, a.batch, a.cache_rate)), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,10 @@
 experts: runs of the same setting in separate processes differed by up to 25% at batch 1 on the
 H200 box (round P), so settings are compared within one process, each run several times.
 
-    python scripts/bench_sweep.py --model DIR [--strategy offload] [--depths 2,3]
-        [--gates off,on] [--batch 1,4] [--repeats 3] [--tokens 32] [--warmup 4]
-        [--cache-rate 0.15] [--profile FILE]
+    python scripts/bench_sweep.py --model DIR [--strategy offload] [--depths 2,3] [--batch 1,4]
+        [--repeats 3] [--tokens 32] [--warmup 4] [--cache-rate 0.15] [--profile FILE]
 
-One JSON line per (repeat, depth, gates, batch): tok/s, ratio to the roofline, median step ms
+One JSON line per (repeat, depth, batch): tok/s, ratio to the roofline, median step ms
 and the per-step counters.
 """
 
@@ -15,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 
 from ft.bench import decode
 from ft.bench.roofline import bandwidths
@@ -29,7 +27,6 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--strategy", default="offload")
     ap.add_argument("--depths", default="2")
-    ap.add_argument("--gates", default="off")
     ap.add_argument("--batch", default="1")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
@@ -48,20 +45,18 @@ def main() -> None:
     bw = bandwidths(base.device, decode._profile_data(cfg.profile), quick=base.device == "cpu")
     for repeat in range(args.repeats):
         for depth in ints(args.depths):
-            for gates in args.gates.split(","):
-                os.environ["FT_DECODE_GATES"] = "1" if gates == "on" else "0"
-                run = dataclasses.replace(cfg, moe_prefetch_depth=depth)
-                rows = decode._run_strategy(run, base, args.strategy, store, shape, bw,
-                                            lambda *_: None)  # fmt: skip
-                for r in rows:
-                    step = r.get("per_step") or {}
-                    print(json.dumps({
-                        "repeat": repeat, "depth": depth, "gates": gates, "batch": r["batch"],
-                        "tok_s": r["tok_s"] and round(r["tok_s"], 1),
-                        "ratio": r.get("ratio") and round(r["ratio"], 4),
-                        "step_ms_median": r.get("step_ms_median"), "error": r.get("error"),
-                        **{k: round(step[k], 2) for k in KEYS if k in step},
-                    }), flush=True)  # fmt: skip
+            run = dataclasses.replace(cfg, moe_prefetch_depth=depth)
+            rows = decode._run_strategy(run, base, args.strategy, store, shape, bw,
+                                        lambda *_: None)  # fmt: skip
+            for r in rows:
+                step = r.get("per_step") or {}
+                print(json.dumps({
+                    "repeat": repeat, "depth": depth, "batch": r["batch"],
+                    "tok_s": r["tok_s"] and round(r["tok_s"], 1),
+                    "ratio": r.get("ratio") and round(r["ratio"], 4),
+                    "step_ms_median": r.get("step_ms_median"), "error": r.get("error"),
+                    **{k: round(step[k], 2) for k in KEYS if k in step},
+                }), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -25,8 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ft.engine.gates import device_view
-
 EXPERT_BYTES = 3 * 2048 * 768 * 2  # gate, up, down of qwen3-30b-a3b in bf16
 
 
@@ -50,6 +48,22 @@ def _busy_kernel(a, n, BLOCK: tl.constexpr):
         offs = base + tl.arange(0, BLOCK)
         ok = offs < n
         tl.store(a + offs, tl.load(a + offs, mask=ok) + 1, mask=ok)
+
+
+class _DeviceView:
+    """A CUDA-array-interface view of pinned host memory: with unified addressing, the pinned
+    pages' host address is also their device address."""
+
+    def __init__(self, host: torch.Tensor):
+        assert host.is_pinned() and host.dtype == torch.int32
+        self.__cuda_array_interface__ = {
+            "shape": tuple(host.shape), "typestr": "<i4", "data": (host.data_ptr(), False),
+            "version": 3, "strides": None,
+        }  # fmt: skip
+
+
+def device_view(host: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(_DeviceView(host), device="cuda")
 
 
 def timed(fn, iters: int) -> float:

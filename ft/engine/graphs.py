@@ -1,28 +1,23 @@
 """CUDA graphs for the decode step (on by default on CUDA; FT_CUDA_GRAPHS=0 turns them off).
 
-The step is cut where the MoE strategy needs the host; the stretches between two cuts are
+The step is cut where the MoE strategy needs the host, and each stretch between two cuts is
 captured once per (batch size, KV length bucket) and replayed:
 
     resident (graph_safe):        [embed, L0 .. L47, norm, lm_head]           1 graph
     offload, hybrid (host_stop):  [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
-                                  -host- ... [L47 experts, norm, lm_head]
-        by default 49 graphs, the host launching each after its stop (`run_step`);
-        with device gates (FT_DECODE_GATES=1, ft.engine.gates) the 49 stretches in 1 graph,
-        each waiting on the device at its gate until the host opens it (`run_gated_step`)
+                                  -host- ... [L47 experts, norm, lm_head]     49 graphs
 
-At each cut the host reads the router's ids (a poll of pinned memory with gates, a sync
-without), and the strategy's `prepare` fetches the misses (copies on the cache's stream) and
-makes their slots the device's; the next stretch's `compute` reads them there; hybrid's stop
-also runs the CPU's share of the layer and leaves its result in a device buffer that `compute`
-adds. Where the strategy prefetches, the stretch also runs the routers of the next
-`prefetch_depth` cuts on this cut's input, and once the next stretch may run, `prefetch` starts
-copying those guesses' misses, nearest cut first, so they cross PCIe while the stretches before
-them compute. A depth of 2 keeps the copies a layer ahead: with 1, a layer that needs more copies
-than its neighbours holds the compute up.
+At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
+misses (copies on the cache's stream) and publishes their slots to the device; the next stretch's
+`compute` reads them there (`run_step`); hybrid's stop also runs the CPU's share of the layer and
+leaves its result in a device buffer that `compute` adds. Where the strategy prefetches, the stretch
+also runs the routers of the next `prefetch_depth` cuts on this cut's input, and once the next
+stretch is launched, `prefetch` starts copying those guesses' misses, nearest cut first, so they
+cross PCIe while the stretches before them compute. A depth of 2 keeps the copies a layer ahead:
+with 1, a layer that needs more copies than its neighbours holds the compute up.
 Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
-step's real inputs, changes nothing that the replay does not rewrite. SDPA attends over a bucket
-of KV_BUCKET keys, the padding masked (the Triton decode attention needs no bucket); sampling
-stays outside the graphs.
+step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
+masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
 
 Legend: B = sequences, D = hidden, K = experts per token, V = vocab.
 """
@@ -34,7 +29,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ft import settings
 from ft.engine.attention import Batch, Span
 
 KV_BUCKET = 256  # keys per bucket: one graph serves every length up to its bucket
@@ -103,19 +97,15 @@ def guessed_cuts(cuts: list[int], k: int, depth: int) -> list[int]:
     return cuts[k + 1 : k + 1 + depth]
 
 
-def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs, gates=None):
+def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs):
     """Stretch k of the step: finish cut k-1's experts, run to cut k's routing (-> dst's first
-    B rows, returned), or on the last stretch to the logits (returned). With `gates`
-    (ft.engine.gates), it first waits for the host to open gate k-1, and hands its stop rows to
-    the host at the end."""
+    B rows, returned), or on the last stretch to the logits (returned)."""
     tokens, positions, slots, kv_len = inputs
     batch, b = _decode_batch(tokens, positions, slots, kv_len), tokens.shape[0]
     if k == 0:
         h, delta, first = F.embedding(tokens, model.embed), None, 0
     else:
         cut = model.layers[cuts[k - 1]]
-        if gates is not None:
-            gates.wait(k - 1, cut.index)
         delta = cut.moe.compute(cut.index, src.x[:b], src.ids[:b], src.weights[:b])
         h, first = src.h[:b], cut.index + 1
     last = cuts[k] if k < len(cuts) else len(model.layers)
@@ -129,8 +119,6 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     ahead = guessed_cuts(cuts, k, layer.moe.prefetch_depth)
     guesses = [model.layers[cut].route(x)[0] for cut in ahead]
     dst.write(b, h, x, ids, weights, guesses)
-    if gates is not None:
-        gates.signal(dst.stop[:b])
     return dst.rows(b)
 
 
@@ -150,42 +138,17 @@ def run_step(strategy, cuts: list[int], launch) -> torch.Tensor:
         for guess in guesses:
             strategy.prefetch(*guess)
         if k < len(cuts):
-            rows = out.stop.tolist()  # [B][(1 + depth) K]: the cut's one host sync
-            strategy.prepare(cuts[k], routed(strategy, rows), out.x, out.weights)
-            guesses = guessed(strategy, cuts, k, rows)
+            guesses = stop(strategy, cuts, k, out)
     return out
 
 
-def run_gated_step(strategy, cuts: list[int], outs: list, gates, batch: int) -> None:
-    """The host's side of a decode step queued whole, as one graph whose stretches wait at
-    device gates (ft.engine.gates); `outs`: each stretch's output (the Handoff rows it writes).
-    At cut k: the rows (a poll of pinned memory), `prepare_gated`, gate k opened (behind the
-    copies stretch k+1 reads, if any), then the guesses' prefetches, while stretch k+1 runs.
-    Nothing is launched here: the GPU waits only for the poll and `prepare_gated`."""
-    opened = 0
-    try:
-        for k, cut in enumerate(cuts):
-            rows = gates.rows_of(batch)
-            ready = strategy.prepare_gated(cut, routed(strategy, rows), outs[k].x, outs[k].weights)
-            gates.open(k, ready)
-            opened += 1
-            for guess in guessed(strategy, cuts, k, rows):
-                strategy.prefetch(*guess)
-    finally:
-        if opened < len(cuts):  # only where a stop failed: leave no stretch spinning at a gate
-            gates.abandon(range(opened, len(cuts)))
-
-
-def routed(strategy, rows: list[list[int]]) -> list[list[int]]:
-    """The cut's own routed ids [B][K] from its stop rows [B][(1 + depth) K]."""
+def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
+    """The host's part at cut k before the next stretch, given the Handoff rows the stretch
+    before it wrote -> the prefetches to start once the next stretch is queued, nearest cut
+    first: (layer, ids [B][K], keep_layer) each."""
+    rows = handoff.stop.tolist()  # [B][(1 + depth) K]: the cut's one host sync
     top_k = len(rows[0]) // (1 + strategy.prefetch_depth)
-    return [row[:top_k] for row in rows]
-
-
-def guessed(strategy, cuts: list[int], k: int, rows: list[list[int]]) -> list[tuple]:
-    """The prefetches stop k starts, nearest cut first: (layer, guessed ids [B][K],
-    keep_layer) each, keep_layer being cut k (its compute is queued)."""
-    top_k = len(rows[0]) // (1 + strategy.prefetch_depth)
+    strategy.prepare(cuts[k], [row[:top_k] for row in rows], handoff.x, handoff.weights)
     ahead = guessed_cuts(cuts, k, strategy.prefetch_depth)
     return [
         (cut, [row[(j + 1) * top_k : (j + 2) * top_k] for row in rows], cuts[k])
@@ -210,18 +173,8 @@ class DecodeGraphs:
         self.handoffs = [
             Handoff.allocate(max_batch, model.cfg, dtype, device, depth) for _ in range(2)
         ]
-        # (B, kv bucket) -> [(graph, its stretches' outputs)]: one per stretch, or with gates
-        # one for the whole step
-        self.graphs: dict[tuple[int, int], list[tuple[torch.cuda.CUDAGraph, list]]] = {}
+        self.graphs: dict[tuple[int, int], list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]] = {}
         self.pool = None
-        self.gates = None  # the step queued whole, waiting at the host's stops (ft.engine.gates)
-        if self.cuts and settings.decode_gates() and strategy.kernel == "triton":
-            from ft.engine.gates import StopGates
-
-            cache, columns = strategy.cache, (1 + depth) * model.cfg.top_k
-            self.gates = StopGates(
-                len(self.cuts), max_batch, columns, cache.host_table, cache.slot_table
-            )
 
     def fits(self, batch_size: int) -> bool:
         return self.strategy.decode_fits(batch_size * self.model.cfg.top_k)
@@ -233,46 +186,35 @@ class DecodeGraphs:
         self.positions[:b].copy_(batch.positions)
         self.slots[:b].copy_(batch.slots)
         key = (b, kv_bucket(max(s.start for s in batch.spans) + 1, self.max_len, self.bucket))
-        if self.gates is not None:  # the whole step is one graph; the host serves its gates
-            if key not in self.graphs:
-                self.graphs[key] = [self._capture(range(len(self.cuts) + 1), *key)]
-            [(graph, outs)] = self.graphs[key]
-            graph.replay()
-            run_gated_step(self.strategy, self.cuts, outs, self.gates, b)
-            return outs[-1].clone()  # graphs share one memory pool: the next replay may reuse it
         stretches = self.graphs.setdefault(key, [])
 
         def launch(k: int) -> torch.Tensor:
             if k == len(stretches):  # first step with this key: capture as we go
-                stretches.append(self._capture([k], *key))
-            graph, [out] = stretches[k]
+                stretches.append(self._capture(k, *key))
+            graph, out = stretches[k]
             graph.replay()
             return out
 
-        return run_step(self.strategy, self.cuts, launch).clone()
+        out = run_step(self.strategy, self.cuts, launch)
+        return out.clone()  # graphs share one memory pool: the next replay may reuse `out`
 
-    def _run(self, k: int, b: int, kv_len: int, gates=None) -> torch.Tensor:
+    def _run(self, k: int, b: int, kv_len: int) -> torch.Tensor:
         src, dst = self.handoffs[k % 2], self.handoffs[(k + 1) % 2]
         inputs = (self.tokens[:b], self.positions[:b], self.slots[:b], kv_len)
-        return run_stretch(self.model, self.cuts, k, src, dst, inputs, gates)
+        return run_stretch(self.model, self.cuts, k, src, dst, inputs)
 
-    def _capture(self, stretches, b: int, kv_len: int):
-        """One graph of these stretches, in order -> (graph, each stretch's output)."""
+    def _capture(self, k: int, b: int, kv_len: int):
         saved = [t.clone() for t in self.strategy.device_counters()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        rehearsal = self.gates and self.gates.rehearsal()  # the gates' kernels, passing at once
         with torch.cuda.stream(side):  # warm up: compile kernels, create handles, off the graph
-            # rewrites this step's own K/V and handoffs; where a gate's rehearsal passes before
-            # the host has made the experts ready, with other values, which the replay rewrites
-            for _ in range(2):
-                for k in stretches:
-                    self._run(k, b, kv_len, rehearsal)
+            for _ in range(2):  # rewrites this step's own K/V and handoff with the same values
+                self._run(k, b, kv_len)
         torch.cuda.current_stream().wait_stream(side)
         for counter, value in zip(self.strategy.device_counters(), saved, strict=True):
             counter.copy_(value)  # the warm-up steps are not the user's
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):  # the warm-ups pass no gate, this does
-            outs = [self._run(k, b, kv_len, self.gates) for k in stretches]
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._run(k, b, kv_len)
         self.pool = graph.pool()
-        return graph, outs
+        return graph, out

@@ -108,12 +108,7 @@ class LLMEngine:
         from ft.engine.graphs import DecodeGraphs
 
         graphs = DecodeGraphs(self.model, self.strategy, max_batch, self.max_model_len, self.device)
-        if self.strategy.graph_safe:
-            per = "step"
-        elif graphs.gates is not None:
-            per = "step, waiting at a device gate per MoE layer (FT_DECODE_GATES=1)"
-        else:
-            per = "stretch between MoE layers' host stops"
+        per = "step" if self.strategy.graph_safe else "stretch between MoE layers' host stops"
         keys = "" if graphs.bucket == self.max_model_len else f" and {graphs.bucket}-key bucket"
         log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}")
         return graphs

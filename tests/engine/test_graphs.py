@@ -146,12 +146,10 @@ def test_resident_decode_is_one_stretch(synth_tiny):
     assert cut_layers(engine.model, engine.strategy) == []
 
 
-def generate(model_dir, monkeypatch, graphs: bool, gates: bool | None = None, **config):
+def generate(model_dir, monkeypatch, graphs: bool, **config):
     monkeypatch.setenv("FT_CUDA_GRAPHS", "1" if graphs else "0")
     engine = LLMEngine(EngineConfig(model=str(model_dir), device="cuda", dtype="float32", **config))
     assert (engine.graphs is not None) == graphs
-    if gates is not None:
-        assert (engine.graphs.gates is not None) == gates
     ids = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS]
     outs: dict[int, list[int]] = {i: [] for i in ids}
     while engine.has_unfinished():
@@ -171,22 +169,15 @@ def test_cuda_graphs_decode_like_eager(synth_tiny, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "strategy_name,prefetch,gates",
-    [
-        ("offload", False, True), ("offload", True, True), ("offload", True, False),
-        ("hybrid", False, True), ("hybrid", True, True), ("hybrid", True, False),
-    ],
-)  # fmt: skip
-def test_host_stop_graphs_decode_like_eager(
-    synth_tiny, monkeypatch, strategy_name, prefetch, gates
-):
-    """Graphs, with device gates (ft.engine.gates) or without, decode as eager does."""
-    monkeypatch.setenv("FT_DECODE_GATES", "1" if gates else "0")
+    "strategy_name,prefetch",
+    [("offload", False), ("offload", True), ("hybrid", False), ("hybrid", True)],
+)
+def test_host_stop_graphs_decode_like_eager(synth_tiny, monkeypatch, strategy_name, prefetch):
     config = dict(moe_strategy=strategy_name, moe_cache_size=14, moe_prefetch=prefetch)  # evicts
     if strategy_name == "hybrid":
         config.update(moe_hybrid_max_fetch=0.3, cpu_moe_threads=2)
     eager, eager_stats = generate(synth_tiny[0], monkeypatch, graphs=False, **config)
-    graphed, graphed_stats = generate(synth_tiny[0], monkeypatch, True, gates, **config)
+    graphed, graphed_stats = generate(synth_tiny[0], monkeypatch, graphs=True, **config)
     assert graphed == eager
     assert graphed_stats.expert_uses == eager_stats.expert_uses
     assert graphed_stats.cache_hits + graphed_stats.cache_misses == graphed_stats.expert_uses

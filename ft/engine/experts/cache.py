@@ -13,30 +13,16 @@ the accelerator in CI).
 Which slot holds what is also kept as a table [layers, E] (slot, or -1), on the host and, row by
 row as `publish` sends it, on the device: decode's expert compute reads its slots there, so it
 never waits for the host and can be replayed from a CUDA graph.
-
-In a gated stop (`gated_stop`, ft.engine.gates) the layer's compute is already queued behind a
-device gate: what it must wait for is queued on the copy stream instead of the compute stream,
-the gate opens behind it, and the gate itself copies the table row (from the pinned host table).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from contextlib import contextmanager, nullcontext
 
 import torch
 
 from ft.engine.experts.store import HostExpertStore
-
-
-def on_stream(stream: torch.cuda.Stream | None):
-    """torch.cuda.stream(stream), or nothing where there is no stream (the CPU device)."""
-    return torch.cuda.stream(stream) if stream is not None else nullcontext()
-
-
-class GatedStop:
-    stream: torch.cuda.Stream | None = None  # where the gate must open from, if anything
 
 
 class ExpertCache:
@@ -63,12 +49,11 @@ class ExpertCache:
         self._copy_stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         self._prefetch_stream = torch.cuda.Stream(self.device) if cuda else None
         shape = (len(store.banks), store.num_experts)  # [layers, E]
-        self.host_table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
-        self.slot_table = self.host_table.to(self.device) if cuda else self.host_table  # device's
+        self._table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
+        self.slot_table = self._table.to(self.device) if cuda else self._table  # the device's copy
         # the host writes the table through a numpy view of the same memory: an item assignment
         # there costs ~0.2 us against ~6 us for a tensor's, twice per load, at every stop
-        self._table_items = self.host_table.numpy()
-        self._gate: GatedStop | None = None  # inside gated_stop()
+        self._table_items = self._table.numpy()
 
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
         """Slots holding these experts of `layer`, fetching the misses. len(experts) <= slots."""
@@ -96,8 +81,7 @@ class ExpertCache:
 
         The copies do not wait for the compute stream: it may already run the next stretch,
         and the only queued work that reads slots is keep_layer's, which is never evicted;
-        older reads ended at the host sync that preceded this stop (with device gates, later
-        stretches are queued too, but read only the table rows written at their own stops)."""
+        older reads ended at the host sync that preceded this stop."""
         missing = [e for e in dict.fromkeys(experts) if (layer, e) not in self._slot_of]
         missing = missing[: self._evictable(keep_layer, len(missing))]
         if not missing:
@@ -134,12 +118,11 @@ class ExpertCache:
         self.prefetch_hits += 1
         self._prefetched_keys.discard(key)
         if key in self._in_flight:
-            self._wait_for_prefetch(key)
+            self._wait_for_prefetch(key, torch.cuda.current_stream(self.device), compute=True)
 
-    def _wait_for_prefetch(self, key: tuple[int, int], stream=None) -> None:
-        """Make `stream` (None: the ready stream, which the compute follows) wait until key's
-        prefetch copy is done, if it is still running. The prefetch stream is in order:
-        prefetch n covers every earlier one."""
+    def _wait_for_prefetch(self, key: tuple[int, int], stream, compute: bool = False) -> None:
+        """Make `stream` wait until key's prefetch copy is done, if it may still be running.
+        The prefetch stream is in order: waiting for prefetch n covers every earlier one."""
         n = self._in_flight.pop(key, 0)
         if n <= self._waited:
             return
@@ -147,31 +130,23 @@ class ExpertCache:
         if event.query():  # copied already (as are the ones before it): nothing to wait for
             self._waited = n
             return
-        if stream is not None:
-            stream.wait_event(event)
-            return
-        self.ready_stream().wait_event(event)
-        self._waited = n  # the compute waits for prefetches 1..n from now on
+        stream.wait_event(event)
+        if compute:  # the compute stream waits for prefetches 1..n from now on
+            self._waited = n
 
     def _fetch(self, layer: int, missing: list[tuple[int, int]], slots: list) -> None:
         if self._copy_stream is None:
             for i, expert in missing:
                 slots[i] = self._load(layer, expert, non_blocking=False)
             return
-        ready, gated = self.ready_stream(), self._gate is not None
-        # queued reads of evicted slots finish first; in a gated stop there are none: every
-        # compute queued before the gate ended before the host saw this stop's ids, the gated
-        # one reads this layer's experts, which this call never evicts, and the ones behind
-        # later gates read only the table rows the host writes at their own stops
-        if not gated:
-            self._copy_stream.wait_stream(ready)
+        compute = torch.cuda.current_stream(self.device)
+        self._copy_stream.wait_stream(compute)  # queued reads of evicted slots finish first
         with torch.cuda.stream(self._copy_stream):
             for i, expert in missing:
                 slots[i] = self._load(layer, expert, non_blocking=True, stream=self._copy_stream)
-        if not gated:
             done = torch.cuda.Event()
             done.record(self._copy_stream)
-            ready.wait_event(done)  # the compute stream waits; the host does not
+        compute.wait_event(done)  # the compute stream waits; the host does not
 
     def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:
         slot = self._take_slot(stream)
@@ -200,33 +175,11 @@ class ExpertCache:
         return slot
 
     def publish(self, layer: int) -> None:
-        """Send the layer's row of the slot table to the device, in the compute stream's order
-        (in a gated stop the gate takes it). The pinned row is not written again before this
-        copy runs: the host changes the table only after a sync on routing ids that the compute
-        stream produces after this copy."""
-        if self.slot_table is not self.host_table and self._gate is None:
-            self.slot_table[layer].copy_(self.host_table[layer], non_blocking=True)
-
-    @contextmanager
-    def gated_stop(self):
-        """A stop whose compute is already queued behind a device gate: what that compute reads
-        is queued on the copy stream; -> GatedStop, whose `stream` is then the stream to open
-        the gate from, or None if nothing was queued (the gate can open at once)."""
-        self._gate = GatedStop()
-        try:
-            yield self._gate
-        finally:
-            self._gate = None
-
-    def ready_stream(self) -> torch.cuda.Stream | None:
-        """The stream for work the next expert compute reads (copies, hybrid's CPU share): the
-        compute stream, or in a gated stop the copy stream (None on the CPU device)."""
-        if self._copy_stream is None:
-            return None
-        if self._gate is None:
-            return torch.cuda.current_stream(self.device)
-        self._gate.stream = self._copy_stream
-        return self._copy_stream
+        """Send the layer's row of the slot table to the device, in the compute stream's order.
+        The pinned row is not written again before this copy runs: the host changes the table
+        only after a sync on routing ids that the compute stream produces after this copy."""
+        if self.slot_table is not self._table:
+            self.slot_table[layer].copy_(self._table[layer], non_blocking=True)
 
     def cached(self) -> list[tuple[int, int]]:
         """(layer, expert) keys from least to most recently used."""

@@ -26,7 +26,6 @@ from ft.engine.cpu_moe import (
     log_ready,
     lower_torch_threads,
 )
-from ft.engine.experts.cache import on_stream
 from ft.engine.experts.dispatch import ExpertGroup, group_by_expert
 from ft.engine.experts.grouped import MAX_DEVICE_PAIRS
 from ft.engine.formats import get_format
@@ -118,25 +117,23 @@ class HybridStrategy(OffloadStrategy):
     def _hand_over(self, handle: CpuMoeHandle | None, tokens: int) -> None:
         """The CPU's share [T, D] into the device buffer `compute` adds (zeros if none); the
         host waits for the pool here, while the fetches cross PCIe."""
+        share = self._cpu_share[:tokens]
         if handle is None:
-            if not self._share_rows:  # a copy per stop only where the last one left a share
-                return
-            rows, result, self._share_rows = self._share_rows, None, 0
-        else:
-            rows, result = tokens, handle.wait()
-            self._share_rows = max(self._share_rows, tokens)
-            self.cpu_threads |= handle.ran_on
-        share = self._cpu_share[:rows]
+            if self._share_rows:  # a launch per stop only where the last one left a share
+                self._cpu_share[: self._share_rows].zero_()
+                self._share_rows = 0
+            return
+        self._share_rows = max(self._share_rows, tokens)
+        result = handle.wait()
+        self.cpu_threads |= handle.ran_on
         if share.device.type == "cpu":
-            share.zero_() if result is None else share.copy_(result)
+            share.copy_(result)
             return
         # pinned staging, so the copy does not block: the host rewrites it only at the next
-        # stop, after a sync on work queued behind this copy. Zeros go the same way, a copy
-        # and no kernel: in a gated stop no kernel may be launched (ft.engine.gates)
-        staging = self._cpu_staging[:rows]
-        staging.zero_() if result is None else staging.copy_(result)
-        with on_stream(self.cache.ready_stream()):
-            share.copy_(staging, non_blocking=True)
+        # stop, after a sync on work queued behind this copy
+        staging = self._cpu_staging[:tokens]
+        staging.copy_(result)
+        share.copy_(staging, non_blocking=True)
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         share = self._cpu_share[: x.shape[0]]  # written at this layer's stop
@@ -160,10 +157,8 @@ class HybridStrategy(OffloadStrategy):
     def _submit_cpu(self, layer, x, topk_ids, topk_weights, experts) -> CpuMoeHandle | None:
         if not experts:
             return None
-        # not on the compute stream: in a gated stop, the next stretch waits there for the host
-        with on_stream(self.cache.ready_stream()):
-            x_host = x.to("cpu")  # [T, D]: the layer's one copy of activations to the host
-            ids, weights = topk_ids.to("cpu"), topk_weights.to("cpu")  # [T, K] routing
+        x_host = x.to("cpu")  # [T, D]: the layer's one copy of activations to the host
+        ids, weights = topk_ids.to("cpu"), topk_weights.to("cpu")  # [T, K] routing
         jobs = expert_jobs(self.store.banks[layer], ids, weights, experts, self.fmt)
         self.experts_cpu_total += len(jobs)
         return self.pool.submit(x_host, jobs)

@@ -5,8 +5,7 @@ Decode, per layer: one host sync (the router's ids, to learn which experts miss)
 copies on the cache's side stream, the layer's row of the slot table to the device (`prepare`),
 then one batched compute that reads its slots there (`compute`, capturable in a CUDA graph).
 With graphs, a stop can also start fetching the guessed misses of the next `prefetch_depth`
-layers (`prefetch`), and the next stretch can already be queued behind a device gate
-(`prepare_gated`, ft.engine.gates).
+layers (`prefetch`).
 Prefill, or a layer needing more experts than slots: grouped on the host, in chunks of slots.
 """
 
@@ -43,13 +42,6 @@ class OffloadStrategy(MoeStrategy):
         self.expert_uses += len(experts)
         self.cache.ensure(layer, experts)
         self.cache.publish(layer)
-
-    def prepare_gated(self, layer: int, topk_ids: list[list[int]], x=None, topk_weights=None):
-        """`prepare` for a compute already queued behind a device gate (ft.engine.gates) -> the
-        stream to open the gate from (behind the copies it reads), or None: open it now."""
-        with self.cache.gated_stop() as stop:
-            self.prepare(layer, topk_ids, x, topk_weights)
-        return stop.stream
 
     def prefetch(self, layer: int, topk_ids: list[list[int]], keep_layer: int) -> None:
         self.cache.prefetch(layer, [e for row in topk_ids for e in row], keep_layer)
