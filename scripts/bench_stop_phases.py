@@ -1,22 +1,29 @@
 """Where offload's graphed decode step goes on the host: per MoE layer, the microseconds the host
 spends in each phase of its loop over the stops, and decode tok/s.
 
-Phases: `prepare` (the cache's bookkeeping and the misses' copies), `prefetch` (the guesses'
-copies), `launch` (a graph replay per stretch), `rest` (the step's other host time, the ids'
-sync included: the GPU's stretch runs meanwhile).
+Phases: `rows` (waiting for the stretch, then reading its stop rows: the ids' one sync),
+`prepare` (the cache's bookkeeping and the misses' copies; of it, `ensure`), `launch` (a graph
+replay per stretch), `prefetch` (the guesses' copies, while the next stretch runs), `rest` (the
+step's other host time).
 
     python scripts/bench_stop_phases.py --model DIR [--tokens 32] [--batch 1] [--cache-rate 0.15]
+        [--variants "NAME:VAR=VALUE,...;..."]   (as scripts/bench_sweep.py's, one load of the
+                                                 experts for all of them)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from collections import defaultdict
 
 import torch
+from bench_sweep import environment, variant
 
+from ft.bench import decode
+from ft.engine import graphs as graphs_module
 from ft.engine.config import EngineConfig
 from ft.engine.runner import LLMEngine, SamplingParams
 
@@ -34,10 +41,10 @@ def timed(owner, name: str, phase: str, spent: dict) -> None:
     setattr(owner, name, wrapper)
 
 
-def measure(model: str, tokens: int, batch: int, rate: float) -> dict:
+def measure(model: str, store, tokens: int, batch: int, rate: float) -> dict:
     config = EngineConfig(model=model, device="cuda", moe_strategy="offload", moe_cache_rate=rate,
                           max_model_len=128, max_num_seqs=batch)  # fmt: skip
-    engine = LLMEngine(config)
+    engine = LLMEngine(config, expert_store=store)
     graphs, strategy = engine.graphs, engine.strategy
     assert graphs is not None, "needs CUDA graphs (FT_CUDA_GRAPHS=1)"
     for i in range(batch):
@@ -46,19 +53,23 @@ def measure(model: str, tokens: int, batch: int, rate: float) -> dict:
     for _ in range(4):  # prefill, then the captures' steps
         engine.step()
     spent: dict[str, float] = defaultdict(float)
+    inside: dict[str, float] = defaultdict(float)  # within other phases
     timed(strategy, "prepare", "prepare", spent)
+    timed(strategy.cache, "ensure", "ensure", inside)
     timed(strategy, "prefetch", "prefetch", spent)
-    replay = torch.cuda.CUDAGraph.replay
+    replay, stop = torch.cuda.CUDAGraph.replay, graphs_module.stop
     timed(torch.cuda.CUDAGraph, "replay", "launch", spent)
+    timed(graphs_module, "stop", "stop", inside)  # rows + prepare + the guesses' list
     torch.cuda.synchronize()
     fetched, start, steps = strategy.counters()["experts_fetched"], time.perf_counter(), 0
     while engine.has_unfinished() and steps < tokens:
         engine.step()
         steps += 1
     elapsed = time.perf_counter() - start
-    torch.cuda.CUDAGraph.replay = replay
+    torch.cuda.CUDAGraph.replay, graphs_module.stop = replay, stop
+    spent["rows"] = inside.pop("stop") - spent["prepare"]
     per_layer = steps * len(graphs.cuts)
-    phases = {k: round(v / per_layer * 1e6, 1) for k, v in spent.items()}
+    phases = {k: round(v / per_layer * 1e6, 1) for k, v in (spent | inside).items()}
     phases["rest"] = round((elapsed - sum(spent.values())) / per_layer * 1e6, 1)
     fetched = strategy.counters()["experts_fetched"] - fetched
     engine.close()
@@ -75,8 +86,15 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--cache-rate", type=float, default=0.15)
+    p.add_argument("--variants", default="default:")
+    p.add_argument("--repeats", type=int, default=1)
     a = p.parse_args()
-    print(json.dumps(measure(a.model, a.tokens, a.batch, a.cache_rate)), flush=True)
+    store, _ = decode._load_store(EngineConfig(model=a.model))
+    variants = [variant(text) for text in a.variants.split(";") if text.strip()]
+    for repeat, (name, env) in itertools.product(range(a.repeats), variants):
+        with environment(env):
+            result = measure(a.model, store, a.tokens, a.batch, a.cache_rate)
+        print(json.dumps({"variant": name, "repeat": repeat, **result}), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@ experts: runs of the same setting in separate processes differed by up to 25% at
 H200 box (round P), so settings are compared within one process, each run several times.
 
     python scripts/bench_sweep.py --model DIR [--strategy offload] [--depths 2,3] [--batch 1,4]
-        [--repeats 3] [--tokens 32] [--warmup 4] [--cache-rate 0.15] [--profile FILE]
+        [--variants "NAME:VAR=VALUE,...;..."] [--repeats 3] [--tokens 32] [--warmup 4]
+        [--cache-rate 0.15] [--profile FILE]
 
-One JSON line per (repeat, depth, batch): tok/s, ratio to the roofline, median step ms
+--variants: environments to compare (each engine is built under its variables), e.g.
+"sdpa:FT_DECODE_ATTENTION=sdpa;triton:FT_DECODE_ATTENTION=triton"; default one, unchanged.
+One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms
 and the per-step counters.
 """
 
@@ -13,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
+import os
+from contextlib import contextmanager
 
 from ft.bench import decode
 from ft.bench.roofline import bandwidths
@@ -22,12 +28,32 @@ from ft.engine.config import EngineConfig
 KEYS = ("cache_misses", "experts_fetched", "experts_prefetched", "prefetch_hits")
 
 
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """ "NAME:VAR=VALUE,VAR=VALUE" -> (NAME, {VAR: VALUE})."""
+    name, _, assignments = text.partition(":")
+    pairs = [a.split("=", 1) for a in assignments.split(",") if a.strip()]
+    return name.strip(), {k.strip(): v.strip() for k, v in pairs}
+
+
+@contextmanager
+def environment(env: dict[str, str]):
+    """These variables set, then the caller's environment back."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--strategy", default="offload")
     ap.add_argument("--depths", default="2")
     ap.add_argument("--batch", default="1")
+    ap.add_argument("--variants", default="default:")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=4)
@@ -43,20 +69,22 @@ def main() -> None:
     base = EngineConfig(model=cfg.model)
     store, shape = decode._load_store(base)
     bw = bandwidths(base.device, decode._profile_data(cfg.profile), quick=base.device == "cpu")
-    for repeat in range(args.repeats):
-        for depth in ints(args.depths):
-            run = dataclasses.replace(cfg, moe_prefetch_depth=depth)
-            rows = decode._run_strategy(run, base, args.strategy, store, shape, bw,
-                                        lambda *_: None)  # fmt: skip
-            for r in rows:
-                step = r.get("per_step") or {}
-                print(json.dumps({
-                    "repeat": repeat, "depth": depth, "batch": r["batch"],
-                    "tok_s": r["tok_s"] and round(r["tok_s"], 1),
-                    "ratio": r.get("ratio") and round(r["ratio"], 4),
-                    "step_ms_median": r.get("step_ms_median"), "error": r.get("error"),
-                    **{k: round(step[k], 2) for k in KEYS if k in step},
-                }), flush=True)  # fmt: skip
+    variants = [variant(text) for text in args.variants.split(";") if text.strip()]
+    for repeat, depth, (name, env) in itertools.product(
+        range(args.repeats), ints(args.depths), variants
+    ):
+        run = dataclasses.replace(cfg, moe_prefetch_depth=depth)
+        with environment(env):
+            rows = decode._run_strategy(run, base, args.strategy, store, shape, bw, lambda *_: None)
+        for r in rows:
+            step = r.get("per_step") or {}
+            print(json.dumps({
+                "repeat": repeat, "depth": depth, "variant": name, "batch": r["batch"],
+                "tok_s": r["tok_s"] and round(r["tok_s"], 1),
+                "ratio": r.get("ratio") and round(r["ratio"], 4),
+                "step_ms_median": r.get("step_ms_median"), "error": r.get("error"),
+                **{k: round(step[k], 2) for k in KEYS if k in step},
+            }), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

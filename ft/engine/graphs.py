@@ -8,13 +8,13 @@ captured once per (batch size, KV length bucket) and replayed:
                                   -host- ... [L47 experts, norm, lm_head]     49 graphs
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
-misses (copies on the cache's stream) and publishes their slots to the device; the next stretch's
-`compute` reads them there (`run_step`); hybrid's stop also runs the CPU's share of the layer and
-leaves its result in a device buffer that `compute` adds. Where the strategy prefetches, the stretch
-also runs the routers of the next `prefetch_depth` cuts on this cut's input, and once the next
-stretch is launched, `prefetch` starts copying those guesses' misses, nearest cut first, so they
-cross PCIe while the stretches before them compute. A depth of 2 keeps the copies a layer ahead:
-with 1, a layer that needs more copies than its neighbours holds the compute up.
+misses (copies on the cache's stream) and writes their slots in the cache's slot table, which the
+next stretch's `compute` reads in place (`run_step`); hybrid's stop also runs the CPU's share of the
+layer and leaves its result in a device buffer that `compute` adds. Where the strategy prefetches,
+the stretch also runs the routers of the next `prefetch_depth` cuts on this cut's input, and once
+the next stretch is launched, `prefetch` starts copying those guesses' misses, nearest cut first, so
+they cross PCIe while the stretches before them compute. A depth of 2 keeps the copies a layer
+ahead: with 1, a layer that needs more copies than its neighbours holds the compute up.
 Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
 step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
 masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
@@ -126,11 +126,11 @@ def run_step(strategy, cuts: list[int], launch) -> torch.Tensor:
     """The host's loop over one decode step's stretches; `launch(k)` queues stretch k and returns
     its output (the Handoff rows it writes, or on the last stretch the logits).
 
-    At cut k the host reads the rows (the step's one sync per cut), makes the cut's experts
-    ready (`prepare`: fetch the misses, publish the slots) and launches the next stretch; only
-    then does it start copying the later cuts' guessed misses (`prefetch`), so the GPU is not
-    kept waiting for those calls and the copies overlap the stretch just queued. That stretch
-    reads the cut's experts only, which a prefetch never evicts.
+    At cut k the host reads the rows (the step's one sync per cut), makes the cut's experts ready
+    (`prepare`: fetch the misses, write their slots in the table) and launches the next stretch;
+    only then does it start copying the later cuts' guessed misses (`prefetch`), so the GPU is not
+    kept waiting for those calls and the copies overlap the stretch just queued. That stretch reads
+    the cut's experts only, which a prefetch never evicts.
     """
     guesses = []
     for k in range(len(cuts) + 1):

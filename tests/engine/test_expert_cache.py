@@ -139,3 +139,24 @@ def test_prefetches_and_misses_on_two_streams_leave_each_slot_its_expert():
     for layer, expert in cache.cached():
         slot = cache.slot_of(layer, expert)
         torch.testing.assert_close(cache.bank["w2"][slot].cpu(), store.banks[layer]["w2"][expert])
+
+
+@pytest.mark.gpu
+def test_the_device_reads_the_slot_table_in_place():
+    """No copy of the table is sent at a stop: a graph captured once reads each row as the host
+    last wrote it (what decode's replayed expert compute relies on)."""
+    cache = ExpertCache(make_store(layers=2, experts=6), num_slots=2, device="cuda")
+    assert cache.slot_table.is_cuda and cache.slot_table.data_ptr() == cache._table.data_ptr()
+    ids = torch.tensor([0, 1, 2], device="cuda")
+    out = torch.empty(3, dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    row = cache.slot_table[1]
+    out.copy_(row[ids])  # warm up outside the capture
+    with torch.cuda.graph(graph):
+        out.copy_(row[ids])
+    for experts in ([0, 2], [1]):  # the second evicts (1, 0): -1 in the row
+        slots = cache.ensure(1, experts)
+        graph.replay()
+        expected = [cache.slot_of(1, e) for e in (0, 1, 2)]
+        assert out.tolist() == [-1 if s is None else s for s in expected]
+        assert all(cache.slot_of(1, e) == s for e, s in zip(experts, slots, strict=True))

@@ -10,9 +10,13 @@ queues behind them; each prefetch records an event, and the compute stream waits
 one that brings the experts it reads. On the CPU device the copy is a plain copy_ (the CPU plays
 the accelerator in CI).
 
-Which slot holds what is also kept as a table [layers, E] (slot, or -1), on the host and, row by
-row as `publish` sends it, on the device: decode's expert compute reads its slots there, so it
-never waits for the host and can be replayed from a CUDA graph.
+Which slot holds what is also kept as a table [layers, E] (slot, or -1) in pinned host memory,
+which the device reads in place (`slot_table`, through the pages' device address): decode's
+expert compute looks its slots up there, so it never waits for the host, can be replayed from a
+CUDA graph, and the host's stop sends nothing for it (round R: that copy was 11 of the stop's 31
+us a layer, docs/perf.md). The host writes a layer's row only while no queued compute reads it:
+a stop follows the sync on the compute before it, and a prefetch never evicts the experts of the
+layer whose compute is queued (`keep_layer`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,23 @@ from collections import OrderedDict
 import torch
 
 from ft.engine.experts.store import HostExpertStore
+
+
+class _PinnedInt32:
+    """The CUDA array interface of a pinned int32 host tensor: with unified addressing, pinned
+    pages' host address is also their device address."""
+
+    def __init__(self, host: torch.Tensor):
+        assert host.is_pinned() and host.dtype == torch.int32 and host.is_contiguous()
+        self.__cuda_array_interface__ = {
+            "shape": tuple(host.shape), "typestr": "<i4", "data": (host.data_ptr(), False),
+            "version": 3, "strides": None,
+        }  # fmt: skip
+
+
+def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CUDA tensor over pinned host memory: kernels read it across PCIe, with no copy."""
+    return torch.as_tensor(_PinnedInt32(host), device=device)
 
 
 class ExpertCache:
@@ -50,7 +71,7 @@ class ExpertCache:
         self._prefetch_stream = torch.cuda.Stream(self.device) if cuda else None
         shape = (len(store.banks), store.num_experts)  # [layers, E]
         self._table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
-        self.slot_table = self._table.to(self.device) if cuda else self._table  # the device's copy
+        self.slot_table = device_view(self._table, self.device) if cuda else self._table
         # the host writes the table through a numpy view of the same memory: an item assignment
         # there costs ~0.2 us against ~6 us for a tensor's, twice per load, at every stop
         self._table_items = self._table.numpy()
@@ -173,13 +194,6 @@ class ExpertCache:
             self._in_flight.pop(key, None)
         self.evictions += 1
         return slot
-
-    def publish(self, layer: int) -> None:
-        """Send the layer's row of the slot table to the device, in the compute stream's order.
-        The pinned row is not written again before this copy runs: the host changes the table
-        only after a sync on routing ids that the compute stream produces after this copy."""
-        if self.slot_table is not self._table:
-            self.slot_table[layer].copy_(self._table[layer], non_blocking=True)
 
     def cached(self) -> list[tuple[int, int]]:
         """(layer, expert) keys from least to most recently used."""

@@ -4,7 +4,7 @@ overlapped with the fetches.
 
 Decode, per MoE layer, at offload's host stop (`prepare`, after the router's ids reach the host):
 split the misses into fetch | cpu -> submit the CPU jobs first (the pool starts at once) ->
-fetch and publish the device's experts (copies on their own stream, as offload) -> wait for the
+fetch the device's experts into slots (copies on their own stream, as offload) -> wait for the
 CPU's result and copy it to a device buffer. `compute` (no host sync, so graphed decode replays
 it) runs the hits and fetched experts from their slots (the CPU's experts have none: skipped)
 and adds that buffer. Prefill groups on the host, with the same split.
@@ -110,8 +110,8 @@ class HybridStrategy(OffloadStrategy):
         if cpu:  # the pool starts first; the ids [T, K] are on the host already
             handle = self._submit_cpu(layer, x, torch.tensor(topk_ids), topk_weights, cpu)
         on_cpu = set(cpu)
-        self.cache.ensure(layer, [e for e in routed if e not in on_cpu])  # hits + fetches
-        self.cache.publish(layer)  # the CPU's experts are in no slot: -1, compute skips them
+        # hits + fetches; the CPU's experts are in no slot: -1 in the table, compute skips them
+        self.cache.ensure(layer, [e for e in routed if e not in on_cpu])
         self._hand_over(handle, len(topk_ids))
 
     def _hand_over(self, handle: CpuMoeHandle | None, tokens: int) -> None:

@@ -2,8 +2,8 @@
 slot, then computed on the device.
 
 Decode, per layer: one host sync (the router's ids, to learn which experts miss), the misses'
-copies on the cache's side stream, the layer's row of the slot table to the device (`prepare`),
-then one batched compute that reads its slots there (`compute`, capturable in a CUDA graph).
+copies on the cache's side stream, their slots written in the cache's slot table (`prepare`),
+then one batched compute that looks its slots up there (`compute`, capturable in a CUDA graph).
 With graphs, a stop can also start fetching the guessed misses of the next `prefetch_depth`
 layers (`prefetch`).
 Prefill, or a layer needing more experts than slots: grouped on the host, in chunks of slots.
@@ -41,7 +41,6 @@ class OffloadStrategy(MoeStrategy):
         experts = sorted({e for row in topk_ids for e in row})
         self.expert_uses += len(experts)
         self.cache.ensure(layer, experts)
-        self.cache.publish(layer)
 
     def prefetch(self, layer: int, topk_ids: list[list[int]], keep_layer: int) -> None:
         self.cache.prefetch(layer, [e for row in topk_ids for e in row], keep_layer)
@@ -51,7 +50,7 @@ class OffloadStrategy(MoeStrategy):
 
     def device_share(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         """-> [T, D] float32: the layer's experts that hold a slot, from the slot table row
-        published at the stop (an expert with none, -1, is skipped)."""
+        written at the stop (an expert with none, -1, is skipped)."""
         table = self.cache.slot_table[layer]  # [E] expert -> slot
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel)
         return self.run_blocks(x, self.cache.bank, blocks)
