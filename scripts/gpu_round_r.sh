@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU round R (issue 7): a shorter host stop at batch 1. Round Q put ~38 us of each ~209 us
 # MoE-layer cycle on the host's stop while the GPU idles. The two switches below lived on an
-# experiment branch only (FT_EXP_*): "uva" landed as the cache's only way, "pinned" did not. Two changes, each an env switch here:
+# experiment branch only (FT_EXP_*): "uva" landed as the cache's only way, "pinned" did not.
 #   uva:    FT_EXP_TABLE=uva, the expert kernel reads the slot table in pinned host memory,
 #           so the stop copies no table row to the device;
 #   pinned: FT_EXP_STOP=pinned, the stretch copies its stop rows to pinned host memory inside
