@@ -126,3 +126,16 @@ def render(report: dict, console: Console) -> None:
         f"PCIe {_num(bw['pcie_gbs'])} GB/s, host memory {_num(bw['host_gbs'])} GB/s"
         + (f"  note: {bw['note']}" if bw.get("note") else "")
     )
+    for r in report["results"]:
+        if (r.get("trace") or {}).get("timeline"):
+            console.print(timeline_line(f"{r['strategy']} b{r['batch']}", r["trace"]["timeline"]))
+
+
+def timeline_line(label: str, t: dict) -> str:
+    """One traced run's device timeline (us per step, decode_trace.device_timeline) in ms."""
+    ms = lambda us: f"{us / 1000:.2f} ms"  # noqa: E731
+    return (
+        f"trace {label}: step {ms(t['step'])}: GPU computes {ms(t['compute'])}, waits for "
+        f"copies {ms(t['wait_copy'])}, for the host {ms(t['wait_host'])}; PCIe copies "
+        f"{ms(t['pcie'])} ({t['pcie'] / t['step']:.0%} of the step)"
+    )
