@@ -4,12 +4,15 @@ H200 box (round P), so settings are compared within one process, each run severa
 
     python scripts/bench_sweep.py --model DIR [--strategy offload] [--depths 2,3] [--batch 1,4]
         [--variants "NAME:VAR=VALUE,...;..."] [--repeats 3] [--tokens 32] [--warmup 4]
-        [--cache-rate 0.15] [--profile FILE]
+        [--cache-rate 0.15] [--profile FILE] [--trace DIR]
 
 --variants: environments to compare (each engine is built under its variables), e.g.
 "sdpa:FT_DECODE_ATTENTION=sdpa;triton:FT_DECODE_ATTENTION=triton"; default one, unchanged.
-One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms
-and the per-step counters.
+One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms,
+the per-step counters, and the host's state over the run (`host`: the process's involuntary
+context switches, the CPU its main thread ended on, the GPU's SM clock after it), to tell what
+differs in a run that comes out slow. --trace DIR: each run also profiles a few steps (`ft bench
+decode --trace`) into DIR/rREPEAT-dDEPTH-VARIANT, and its line gets the device `timeline`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import itertools
 import json
 import os
 from contextlib import contextmanager
+
+import psutil
 
 from ft.bench import decode
 from ft.bench.roofline import bandwidths
@@ -47,6 +52,22 @@ def environment(env: dict[str, str]):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+def host_state() -> dict:
+    """What may differ between runs of one process on the host: counters to diff, and state."""
+    process = psutil.Process()
+    state = {"involuntary_switches": process.num_ctx_switches().involuntary,
+             "cpu": process.cpu_num()}  # fmt: skip
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        state["sm_mhz"] = pynvml.nvmlDeviceGetClockInfo(gpu, pynvml.NVML_CLOCK_SM)
+    except Exception:  # no NVML: the host's part still tells
+        pass
+    return state
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -59,6 +80,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--cache-rate", type=float, default=0.15)
     ap.add_argument("--profile")
+    ap.add_argument("--trace")
     args = ap.parse_args()
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     cfg = decode.DecodeBenchConfig(
@@ -73,9 +95,13 @@ def main() -> None:
     for repeat, depth, (name, env) in itertools.product(
         range(args.repeats), ints(args.depths), variants
     ):
-        run = dataclasses.replace(cfg, moe_prefetch_depth=depth)
+        trace = args.trace and os.path.join(args.trace, f"r{repeat}-d{depth}-{name}")
+        run = dataclasses.replace(cfg, moe_prefetch_depth=depth, trace=trace)
+        before = host_state()
         with environment(env):
             rows = decode._run_strategy(run, base, args.strategy, store, shape, bw, lambda *_: None)
+        after = host_state()
+        after["involuntary_switches"] -= before["involuntary_switches"]
         for r in rows:
             step = r.get("per_step") or {}
             print(json.dumps({
@@ -84,6 +110,7 @@ def main() -> None:
                 "ratio": r.get("ratio") and round(r["ratio"], 4),
                 "step_ms_median": r.get("step_ms_median"), "error": r.get("error"),
                 **{k: round(step[k], 2) for k in KEYS if k in step},
+                "host": after, "timeline": (r.get("trace") or {}).get("timeline"),
             }), flush=True)  # fmt: skip
 
 

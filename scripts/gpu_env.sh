@@ -15,3 +15,7 @@ for x in json.load(open(sys.argv[1]))["results"]:
           roof.get("bound"), round(roof.get("tok_s") or 0, 1), round(x.get("ratio") or 0, 4), per_step)
 PY
 }
+# the 48-layer preset the rounds measure, written fresh (a lent machine's /tmp starts empty)
+synth_q30() {
+  timeout 130 python3 -m ft model synth --preset qwen3-30b-a3b --out /tmp/q30 2>&1 | tail -1
+}
