@@ -57,6 +57,8 @@ class DecodeBenchConfig:
     cpu_moe_threads: int | None = None  # hybrid's pool size
     moe_prefetch: bool = True  # offload, hybrid, graphed: prefetch the next layers' guesses
     moe_prefetch_depth: int = 2  # how many layers ahead
+    moe_prefetch_window: int | None = None  # None: the strategy's default
+    pin_engine_thread: bool = False  # pin the stepping thread (--pin-engine-thread)
     expert_format: str | None = None  # None: the checkpoint's (given: checked against it)
 
     def __post_init__(self) -> None:
@@ -162,6 +164,7 @@ def _engine(cfg, base, strategy: str, store):
         max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
         moe_hybrid_max_fetch=cfg.max_fetch, cpu_moe_threads=cfg.cpu_moe_threads,
         moe_prefetch=cfg.moe_prefetch, moe_prefetch_depth=cfg.moe_prefetch_depth,
+        moe_prefetch_window=cfg.moe_prefetch_window, pin_engine_thread=cfg.pin_engine_thread,
         bw_profile=cfg.profile, expert_format=base.expert_format,
     )  # fmt: skip
     return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared

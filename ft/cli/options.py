@@ -86,6 +86,23 @@ class EngineFlags:
             help="How many MoE layers ahead --moe-prefetch guesses and fetches (1-4).",
         ),
     ] = 2
+    moe_prefetch_window: Annotated[
+        int | None,
+        typer.Option(
+            "--moe-prefetch-window",
+            help="Prefetched experts queued for copy at once, the rest held on the host, so a "
+            "miss waits behind at most that many (0: no bound). Default: 2 for offload, 0 for "
+            "hybrid.",
+        ),
+    ] = None
+    pin_engine_thread: Annotated[
+        bool,
+        typer.Option(
+            "--pin-engine-thread",
+            help="Pin the thread that steps the engine to the last core the CPU MoE pool "
+            "leaves free.",
+        ),
+    ] = False
     bw_profile: Annotated[
         Path | None,
         typer.Option(

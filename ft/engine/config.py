@@ -177,6 +177,8 @@ class EngineConfig:
     cpu_moe_inline: bool = False  # fault injection: CPU expert work on the engine thread
     moe_prefetch: bool = True  # offload, hybrid, graphed decode: prefetch guessed misses
     moe_prefetch_depth: int = 2  # how many layers ahead a stop prefetches guesses for
+    moe_prefetch_window: int | None = None  # guesses queued for copy at once; None: the strategy's
+    pin_engine_thread: bool = False  # pin the stepping thread to a core the CPU pool leaves
     bw_profile: str | None = None  # None: $FT_CACHE_DIR/benchbw.json
 
     def __post_init__(self) -> None:
@@ -219,6 +221,8 @@ class EngineConfig:
         if self.memory_margin_gib < 0:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
         check_prefetch_depth(self.moe_prefetch_depth)
+        if self.moe_prefetch_window is not None and self.moe_prefetch_window < 0:
+            raise FtError(f"moe_prefetch_window must be 0 or more, got {self.moe_prefetch_window}")
 
     def _check_hybrid_flags(self) -> None:
         object.__setattr__(self, "moe_hybrid_max_fetch", parse_max_fetch(self.moe_hybrid_max_fetch))
@@ -251,6 +255,16 @@ class EngineConfig:
     def prefetch_depth(self) -> int:
         """Layers ahead that offload's and hybrid's stops prefetch guesses for: 0 is off."""
         return self.moe_prefetch_depth if self.moe_prefetch else 0
+
+    @property
+    def prefetch_window(self) -> int:
+        """Prefetched experts queued on the copy engine at once, the rest held on the host (0:
+        every guess at once). Measured on the H200 (docs/perf.md, round Y): a window of 2 made
+        offload 14% faster at batch 4 and hybrid 8-18% slower (a held guess that turns into a
+        miss goes to its CPU), so the default is 2 for offload, none for hybrid."""
+        if self.moe_prefetch_window is not None:
+            return self.moe_prefetch_window
+        return 2 if self.moe_strategy == "offload" else 0
 
     def describe(self) -> str:
         """The body of the `Resolved config:` log line."""

@@ -13,6 +13,7 @@ from ft import settings
 from ft.engine.attention import Batch, Span
 from ft.engine.builder import build_engine_parts
 from ft.engine.config import EngineConfig
+from ft.engine.cpu_moe_threads import ThreadPin, engine_core, format_cores
 from ft.engine.sampling import SamplingParams, sample
 from ft.engine.scheduler import Scheduler, Sequence, StepOutput
 from ft.errors import FtError
@@ -72,6 +73,7 @@ class LLMEngine:
         self._stats = EngineStats()
         self.last_step: dict = {}  # per-step counters of the latest step (hits, misses, bytes...)
         self.graphs = self._decode_graphs(running)
+        self._pin = self._engine_thread_pin()
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None) -> int:
         params = params or SamplingParams()
@@ -91,6 +93,8 @@ class LLMEngine:
             raise FtError(f"prompt token ids must be in [0, {vocab})")
 
     def step(self) -> list[StepOutput]:
+        if self._pin:
+            self._pin.hold()
         outputs, self._aborted = self._aborted, []
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
@@ -99,6 +103,19 @@ class LLMEngine:
         token_ids = self._run(seqs, is_prefill)
         self._account(seqs, is_prefill, time.perf_counter() - start, before)
         return outputs + self.scheduler.postprocess(seqs, token_ids)
+
+    def _engine_thread_pin(self) -> ThreadPin | None:
+        """A pin for the stepping thread, on the core the CPU MoE pool leaves (logged)."""
+        if not self.config.pin_engine_thread:  # opt-in: no clear gain measured (round Z)
+            return None
+        pool = self.strategy.pool_cores()
+        core = engine_core(pool)
+        if core is None:
+            log.info("engine thread not pinned: the CPU MoE pool takes every allowed core")
+            return None
+        where = f"the CPU MoE pool has {format_cores(pool)}" if pool else "no CPU MoE pool"
+        log.info(f"engine thread pinned to core {core} from its first step ({where})")
+        return ThreadPin(core)
 
     def _decode_graphs(self, max_batch: int):
         """CUDA graphs for decode (unless FT_CUDA_GRAPHS=0) where the strategy allows them."""
@@ -111,6 +128,13 @@ class LLMEngine:
         per = "step" if self.strategy.graph_safe else "stretch between MoE layers' host stops"
         keys = "" if graphs.bucket == self.max_model_len else f" and {graphs.bucket}-key bucket"
         log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}")
+        if self.strategy.prefetch_depth:  # only the graphed stops prefetch
+            depth, window = self.strategy.prefetch_depth, self.strategy.cache.window
+            queued = f"at most {window} queued" if window else "all queued"
+            log.info(
+                f"MoE prefetch: guesses {depth} layers ahead, {queued} for copy at once "
+                f"(--moe-prefetch-depth {depth}, --moe-prefetch-window {window})"
+            )
         return graphs
 
     def _run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
@@ -163,4 +187,6 @@ class LLMEngine:
         return EngineStats(**{**self._stats.__dict__, **fields})
 
     def close(self) -> None:
+        if self._pin:
+            self._pin.release()
         self.strategy.close()

@@ -26,6 +26,7 @@ from ft.errors import FtError
         (dict(max_num_seqs=0), "max_num_seqs"),
         (dict(moe_strategy="offload", moe_prefetch_depth=0), "moe_prefetch_depth must be 1..4"),
         (dict(moe_strategy="offload", moe_prefetch_depth=5), "moe_prefetch_depth must be 1..4"),
+        (dict(moe_strategy="offload", moe_prefetch_window=-1), "moe_prefetch_window must be 0"),
     ],
 )
 def test_engine_config_rejects(kwargs, message):
@@ -76,3 +77,12 @@ def test_mixtral_renormalises_top_k():
 def test_model_config_rejects(raw, message):
     with pytest.raises(FtError, match=message):
         ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "strategy, given, window",
+    [("offload", None, 2), ("hybrid", None, 0), ("offload", 0, 0), ("hybrid", 3, 3)],
+)
+def test_prefetch_window_is_the_strategy_s_unless_given(strategy, given, window):
+    config = EngineConfig(model="m", device="cpu", moe_strategy=strategy, moe_prefetch_window=given)
+    assert config.prefetch_window == window

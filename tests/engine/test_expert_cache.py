@@ -115,6 +115,82 @@ def test_prefetch_never_evicts_the_layer_being_computed():
     assert int(cache.slot_table[1, 0]) == -1  # the evicted entry left the table
 
 
+class _Copies:
+    """Stands in for the copy engine: each prefetch's completion mark reads done only once the
+    test says so (on the CPU device copies are done on return)."""
+
+    def __init__(self):
+        self.marks: list[_Copies.Mark] = []
+
+    class Mark:
+        done = False
+
+        def query(self) -> bool:
+            return self.done
+
+    def __call__(self) -> Mark:
+        self.marks.append(self.Mark())
+        return self.marks[-1]
+
+    def finish(self) -> None:
+        for mark in self.marks:
+            mark.done = True
+
+
+@pytest.fixture
+def copies(monkeypatch) -> _Copies:
+    from ft.engine.experts import cache as cache_module
+
+    fake = _Copies()
+    monkeypatch.setattr(cache_module, "_Copied", fake)
+    return fake
+
+
+def test_a_prefetch_window_holds_guesses_on_the_host_until_copies_end(copies):
+    cache = ExpertCache(make_store(layers=3, experts=8), 6, "cpu", prefetch_window=2)
+    cache.prefetch(1, [2, 3, 4], keep_layer=0)
+    assert cache.prefetched == 2 and cache.held == [(1, 4)]  # 2 copying, 1 held
+    cache.prefetch(2, [5, 3], keep_layer=0)  # (2, 3) is another layer's expert 3: a new guess
+    assert cache.held == [(1, 4), (2, 5), (2, 3)]  # in the order they came: nearest first
+    cache.prefetch(1, [4], keep_layer=0)  # a guess already held is not held twice
+    assert cache.held == [(1, 4), (2, 5), (2, 3)]
+    copies.finish()
+    cache.prefetch(2, [], keep_layer=0)  # the next stop: room for two more, the oldest first
+    assert cache.prefetched == 4 and cache.held == [(2, 3)]
+    assert cache.slot_of(1, 4) is not None and cache.slot_of(2, 5) is not None
+
+
+def test_a_held_guess_is_dropped_once_its_layer_is_known(copies):
+    cache = ExpertCache(make_store(layers=4, experts=8), 6, "cpu", prefetch_window=1)
+    cache.prefetch(1, [2, 3], keep_layer=0)
+    cache.prefetch(2, [6], keep_layer=0)
+    assert cache.held == [(1, 3), (2, 6)]
+    slots = cache.ensure(1, [2, 3])  # 2 prefetched: a hit; 3 was only guessed: a demand miss
+    assert (cache.hits, cache.misses, cache.prefetch_hits) == (1, 1, 1)
+    assert cache.slot_of(1, 3) == slots[1]
+    assert cache.held == [(2, 6)]  # layer 1's guesses are gone; the window is still full
+    copies.finish()
+    cache.ensure(2, [1])  # a stop feeds no guess before its compute is launched
+    assert cache.held == [] and cache.slot_of(2, 6) is None  # layer 2 is known: 6 was dropped
+    cache.prefetch(3, [4, 5], keep_layer=2)  # the prefetch after the launch feeds the window
+    assert cache.held == [(3, 5)] and cache.prefetched == 2
+
+
+def test_no_window_starts_every_guess_at_once(copies):
+    cache = ExpertCache(make_store(layers=3, experts=8), 6, "cpu", prefetch_window=0)
+    cache.prefetch(1, [2, 3, 4], keep_layer=0)
+    cache.prefetch(2, [5], keep_layer=0)
+    assert cache.prefetched == 4 and cache.held == []
+
+
+def test_a_held_guess_never_evicts_the_layer_being_computed(copies):
+    cache = ExpertCache(make_store(layers=3, experts=8), 2, "cpu", prefetch_window=1)
+    cache.ensure(0, [0, 1])
+    cache.prefetch(1, [4], keep_layer=0)  # no slot to take but layer 0's: nothing copied
+    assert cache.prefetched == 0 and cache.held == []
+    assert cache.cached() == [(0, 0), (0, 1)]
+
+
 def _weights(store, expert):
     bank = store.banks[0]
     return bank["w13"][expert], bank["w2"][expert]

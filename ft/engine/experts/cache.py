@@ -17,12 +17,18 @@ CUDA graph, and the host's stop sends nothing for it (round R: that copy was 11 
 us a layer, docs/perf.md). The host writes a layer's row only while no queued compute reads it:
 a stop follows the sync on the compute before it, and a prefetch never evicts the experts of the
 layer whose compute is queued (`keep_layer`).
+
+A prefetch window (`prefetch_window` N > 0) keeps at most N prefetched experts queued on the copy
+engine and holds the rest on the host, queued at later stops in the order they came (nearest
+layer first); a held guess is dropped once its layer's real routing is known. The one copy engine
+serves its queue in order, whatever a stream's priority, so without a window a demand miss waits
+behind every guess queued before it (a median 179 us, round T in docs/perf.md).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import torch
 
@@ -46,8 +52,18 @@ def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(_PinnedInt32(host), device=device)
 
 
+class _Copied:
+    """The completion mark of a prefetch on the CPU device, where copies are done on return."""
+
+    def query(self) -> bool:
+        return True
+
+
 class ExpertCache:
-    def __init__(self, store: HostExpertStore, num_slots: int, device: torch.device | str):
+    def __init__(
+        self, store: HostExpertStore, num_slots: int, device: torch.device | str,
+        prefetch_window: int = 0,
+    ):  # fmt: skip
         self.store = store
         self.num_slots = num_slots
         self.device = torch.device(device)
@@ -66,6 +82,9 @@ class ExpertCache:
         self._in_flight: dict[tuple[int, int], int] = {}
         self._prefetch_events: dict[int, torch.cuda.Event] = {}
         self._prefetches = self._waited = 0
+        self.window = prefetch_window  # prefetched experts queued on the copy engine; 0: all
+        self._held: deque[tuple[int, int]] = deque()  # guesses kept on the host, nearest first
+        self._queued: deque[tuple[torch.cuda.Event | _Copied, int]] = deque()  # (done, experts)
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         self._prefetch_stream = torch.cuda.Stream(self.device) if cuda else None
@@ -79,6 +98,8 @@ class ExpertCache:
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
         """Slots holding these experts of `layer`, fetching the misses. len(experts) <= slots."""
         assert len(experts) <= self.num_slots, "dispatch chunks experts to the cache size"
+        if self._held:  # guesses for this layer still on the host: its routing is known now
+            self._held = deque(key for key in self._held if key[0] != layer)
         slots: list[int | None] = []
         missing = []
         for expert in experts:
@@ -93,7 +114,7 @@ class ExpertCache:
         if missing:
             self.misses += len(missing)
             self._fetch(layer, missing, slots)
-        return slots  # type: ignore[return-value]
+        return slots  # held guesses are fed at the next prefetch, once the compute is launched  # type: ignore[return-value]
 
     def prefetch(self, layer: int, experts: list[int], keep_layer: int) -> None:
         """Start copying the absent ones of these experts of `layer` into slots, ahead of need;
@@ -104,15 +125,48 @@ class ExpertCache:
         and the only queued work that reads slots is keep_layer's, which is never evicted;
         older reads ended at the host sync that preceded this stop."""
         missing = [e for e in dict.fromkeys(experts) if (layer, e) not in self._slot_of]
+        if not self.window:
+            self._submit(layer, missing, keep_layer)
+            return
+        held = set(self._held)
+        self._held.extend((layer, e) for e in missing if (layer, e) not in held)
+        self._feed(keep_layer)
+
+    def _feed(self, keep_layer: int) -> None:
+        """Queue held guesses on the copy engine, nearest first, while fewer than `window`
+        prefetched experts are still being copied."""
+        while self._queued and self._queued[0][0].query():  # in order: the oldest ends first
+            self._queued.popleft()
+        in_flight = sum(n for _, n in self._queued)
+        while self._held and in_flight < self.window:
+            layer, expert = self._held.popleft()
+            if (layer, expert) not in self._slot_of:
+                in_flight += self._submit(layer, [expert], keep_layer)
+
+    @property
+    def held(self) -> list[tuple[int, int]]:
+        """(layer, expert) guesses waiting on the host for room in the prefetch window."""
+        return list(self._held)
+
+    def _submit(self, layer: int, missing: list[int], keep_layer: int) -> int:
+        """Start copying these absent experts of `layer` -> how many were started."""
         missing = missing[: self._evictable(keep_layer, len(missing))]
         if not missing:
-            return
+            return 0
         self.prefetched += len(missing)
         self._prefetched_keys.update((layer, e) for e in missing)
         if self._prefetch_stream is None:
             for expert in missing:
                 self._load(layer, expert, non_blocking=False)
-            return
+            done = _Copied()
+        else:
+            done = self._copy_ahead(layer, missing)
+        if self.window:
+            self._queued.append((done, len(missing)))
+        return len(missing)
+
+    def _copy_ahead(self, layer: int, missing: list[int]) -> torch.cuda.Event:
+        """Queue the copies on the prefetch stream -> the event that marks them done."""
         with torch.cuda.stream(self._prefetch_stream):
             for expert in missing:
                 self._load(layer, expert, non_blocking=True)
@@ -123,6 +177,7 @@ class ExpertCache:
         live = {n for n in self._in_flight.values() if n > self._waited}  # events still needed
         self._prefetch_events = {n: ev for n, ev in self._prefetch_events.items() if n in live}
         self._prefetch_events[self._prefetches] = done
+        return done
 
     def _evictable(self, keep_layer: int, want: int) -> int:
         """How many of `want` slots can be taken before one holding an expert of keep_layer."""

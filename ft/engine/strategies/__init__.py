@@ -29,7 +29,9 @@ def build_strategy(
 
         if cache_size is None:
             raise FtError("offload needs a cache size (resolve it with ft.engine.memory)")
-        return OffloadStrategy(store, config.device, cache_size, config.prefetch_depth)
+        return OffloadStrategy(
+            store, config.device, cache_size, config.prefetch_depth, config.prefetch_window
+        )
     if config.moe_strategy == "hybrid":
         from ft.engine.strategies.hybrid import build_hybrid
 

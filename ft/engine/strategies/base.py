@@ -81,5 +81,9 @@ class MoeStrategy:
         """Cumulative: cache_hits + cache_misses == expert_uses for every strategy."""
         raise NotImplementedError
 
+    def pool_cores(self) -> list[int]:
+        """Cores this strategy's CPU MoE pool is pinned to (none: it has no pool)."""
+        return []
+
     def close(self) -> None:
         pass

@@ -73,8 +73,9 @@ class HybridStrategy(OffloadStrategy):
         cpu_max_tokens: int = CPU_MAX_TOKENS,
         torch_threads_before: int | None = None,  # restored on close()
         prefetch_depth: int = 2,
+        prefetch_window: int = 0,
     ):
-        super().__init__(store, device, num_slots, prefetch_depth)
+        super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
         self.pool = pool
         self.max_fetch = max_fetch
         self.cpu_max_tokens = cpu_max_tokens
@@ -173,6 +174,9 @@ class HybridStrategy(OffloadStrategy):
             prefetch_hits=c.prefetch_hits,
         )  # fmt: skip
 
+    def pool_cores(self) -> list[int]:
+        return list(self.pool.cores)
+
     def close(self) -> None:
         self.pool.close()
         if self._torch_threads_before is not None:  # give torch its cores back
@@ -195,5 +199,5 @@ def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float) -
     )  # fmt: skip
     return HybridStrategy(
         store, config.device, cache_size, pool, max_fetch, torch_threads_before=before,
-        prefetch_depth=config.prefetch_depth,
+        prefetch_depth=config.prefetch_depth, prefetch_window=config.prefetch_window,
     )  # fmt: skip

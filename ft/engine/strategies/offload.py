@@ -22,9 +22,11 @@ class OffloadStrategy(MoeStrategy):
     name = "offload"
     host_stop = True
 
-    def __init__(self, store, device, num_slots: int, prefetch_depth: int = 2):
+    def __init__(
+        self, store, device, num_slots: int, prefetch_depth: int = 2, prefetch_window: int = 0
+    ):
         super().__init__(store, device)
-        self.cache = ExpertCache(store, num_slots, device)
+        self.cache = ExpertCache(store, num_slots, device, prefetch_window)
         # at a stop, also fetch what the next layers' routers guess from this layer's input
         self.prefetch_depth = prefetch_depth
 
