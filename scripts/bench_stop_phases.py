@@ -8,7 +8,8 @@ step's other host time).
 
     python scripts/bench_stop_phases.py --model DIR [--tokens 32] [--batch 1] [--cache-rate 0.15]
         [--variants "NAME:VAR=VALUE,...;..."]   (as scripts/bench_sweep.py's, one load of the
-                                                 experts for all of them)
+                                                 experts for all of them; WINDOW=N sets
+                                                 --moe-prefetch-window)
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ def timed(owner, name: str, phase: str, spent: dict) -> None:
     setattr(owner, name, wrapper)
 
 
-def measure(model: str, store, tokens: int, batch: int, rate: float) -> dict:
+def measure(model: str, store, tokens: int, batch: int, rate: float, window=None) -> dict:
     config = EngineConfig(model=model, device="cuda", moe_strategy="offload", moe_cache_rate=rate,
-                          max_model_len=128, max_num_seqs=batch)  # fmt: skip
+                          max_model_len=128, max_num_seqs=batch,
+                          moe_prefetch_window=window)  # fmt: skip
     engine = LLMEngine(config, expert_store=store)
     graphs, strategy = engine.graphs, engine.strategy
     assert graphs is not None, "needs CUDA graphs (FT_CUDA_GRAPHS=1)"
@@ -92,8 +94,11 @@ def main() -> None:
     store, _ = decode._load_store(EngineConfig(model=a.model))
     variants = [variant(text) for text in a.variants.split(";") if text.strip()]
     for repeat, (name, env) in itertools.product(range(a.repeats), variants):
+        env = dict(env)
+        window = env.pop("WINDOW", None)
         with environment(env):
-            result = measure(a.model, store, a.tokens, a.batch, a.cache_rate)
+            result = measure(a.model, store, a.tokens, a.batch, a.cache_rate,
+                             None if window is None else int(window))  # fmt: skip
         print(json.dumps({"variant": name, "repeat": repeat, **result}), flush=True)
 
 

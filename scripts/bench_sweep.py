@@ -2,12 +2,14 @@
 experts: runs of the same setting in separate processes differed by up to 25% at batch 1 on the
 H200 box (round P), so settings are compared within one process, each run several times.
 
-    python scripts/bench_sweep.py --model DIR [--strategy offload] [--depths 2,3] [--batch 1,4]
-        [--variants "NAME:VAR=VALUE,...;..."] [--repeats 3] [--tokens 32] [--warmup 4]
+    python scripts/bench_sweep.py --model DIR [--strategy offload,hybrid] [--depths 2,3]
+        [--batch 1,4] [--variants "NAME:VAR=VALUE,...;..."] [--repeats 3] [--tokens 32] [--warmup 4]
         [--cache-rate 0.15] [--profile FILE] [--trace DIR]
 
 --variants: environments to compare (each engine is built under its variables), e.g.
 "sdpa:FT_DECODE_ATTENTION=sdpa;triton:FT_DECODE_ATTENTION=triton"; default one, unchanged.
+Pseudo-variables set the engine instead: STRATEGY=NAME (another strategy than --strategy's),
+WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread).
 One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms,
 the per-step counters, and the host's state over the run (`host`: the process's involuntary
 context switches, the CPU its main thread ended on, the GPU's SM clock after it), to tell what
@@ -71,7 +73,7 @@ def host_state() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--strategy", default="offload")
+    ap.add_argument("--strategy", default="offload", help="one or several, comma-separated")
     ap.add_argument("--depths", default="2")
     ap.add_argument("--batch", default="1")
     ap.add_argument("--variants", default="default:")
@@ -84,28 +86,38 @@ def main() -> None:
     args = ap.parse_args()
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     cfg = decode.DecodeBenchConfig(
-        model=args.model, strategies=(args.strategy,), batches=tuple(ints(args.batch)),
-        tokens=args.tokens, warmup=args.warmup, moe_cache_rate=args.cache_rate,
+        model=args.model, strategies=tuple(args.strategy.split(",")),
+        batches=tuple(ints(args.batch)), tokens=args.tokens, warmup=args.warmup,
+        moe_cache_rate=args.cache_rate,
         profile=args.profile,
     )  # fmt: skip
     base = EngineConfig(model=cfg.model)
     store, shape = decode._load_store(base)
     bw = bandwidths(base.device, decode._profile_data(cfg.profile), quick=base.device == "cpu")
     variants = [variant(text) for text in args.variants.split(";") if text.strip()]
-    for repeat, depth, (name, env) in itertools.product(
-        range(args.repeats), ints(args.depths), variants
+    strategies = cfg.strategies
+    for repeat, strategy, depth, (name, env) in itertools.product(
+        range(args.repeats), strategies, ints(args.depths), variants
     ):
-        trace = args.trace and os.path.join(args.trace, f"r{repeat}-d{depth}-{name}")
-        run = dataclasses.replace(cfg, moe_prefetch_depth=depth, trace=trace)
+        env = dict(env)
+        strategy = env.pop("STRATEGY", strategy)
+        window, pin = env.pop("WINDOW", None), env.pop("PIN", None)
+        trace = args.trace and os.path.join(args.trace, f"r{repeat}-{strategy}-d{depth}-{name}")
+        run = dataclasses.replace(
+            cfg, strategies=(strategy,), moe_prefetch_depth=depth, trace=trace,
+            moe_prefetch_window=None if window is None else int(window),
+            pin_engine_thread=pin == "1",
+        )  # fmt: skip
         before = host_state()
         with environment(env):
-            rows = decode._run_strategy(run, base, args.strategy, store, shape, bw, lambda *_: None)
+            rows = decode._run_strategy(run, base, strategy, store, shape, bw, lambda *_: None)
         after = host_state()
         after["involuntary_switches"] -= before["involuntary_switches"]
         for r in rows:
             step = r.get("per_step") or {}
             print(json.dumps({
-                "repeat": repeat, "depth": depth, "variant": name, "batch": r["batch"],
+                "repeat": repeat, "strategy": strategy, "depth": depth, "variant": name,
+                "batch": r["batch"],
                 "tok_s": r["tok_s"] and round(r["tok_s"], 1),
                 "ratio": r.get("ratio") and round(r["ratio"], 4),
                 "step_ms_median": r.get("step_ms_median"), "error": r.get("error"),
