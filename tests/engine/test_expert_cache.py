@@ -218,6 +218,27 @@ def test_prefetches_and_misses_on_two_streams_leave_each_slot_its_expert():
 
 
 @pytest.mark.gpu
+def test_a_windowed_prefetch_leaves_each_slot_its_expert():
+    """Held guesses are queued one at a time behind real copies; a layer's held guesses become
+    demand misses on the other stream: every slot still ends up holding its expert."""
+    store = make_store(layers=3, experts=6, hidden=1024, inter=1024)  # 8 MiB a copy: slow
+    cache = ExpertCache(store, num_slots=4, device="cuda", prefetch_window=1)
+    cache.ensure(0, [0])
+    cache.prefetch(1, [0, 1, 2], keep_layer=0)
+    assert cache.prefetched == 1 and cache.held == [(1, 1), (1, 2)]
+    cache.prefetch(2, [0, 1], keep_layer=0)  # fed only once (1, 0)'s copy has ended
+    slots = cache.ensure(1, [0, 2, 3])  # (1, 0) prefetched; 2 was held: now a demand miss
+    assert cache.prefetch_hits == 1 and all(key[0] != 1 for key in cache.held)
+    reads = {e: cache.bank["w13"][s].clone() for e, s in zip([0, 2, 3], slots, strict=True)}
+    torch.cuda.synchronize()
+    for expert, w13 in reads.items():
+        torch.testing.assert_close(w13.cpu(), store.banks[1]["w13"][expert])
+    for layer, expert in cache.cached():
+        slot = cache.slot_of(layer, expert)
+        torch.testing.assert_close(cache.bank["w2"][slot].cpu(), store.banks[layer]["w2"][expert])
+
+
+@pytest.mark.gpu
 def test_the_device_reads_the_slot_table_in_place():
     """No copy of the table is sent at a stop: a graph captured once reads each row as the host
     last wrote it (what decode's replayed expert compute relies on)."""
