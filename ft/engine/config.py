@@ -259,9 +259,9 @@ class EngineConfig:
     @property
     def prefetch_window(self) -> int:
         """Prefetched experts queued on the copy engine at once, the rest held on the host (0:
-        every guess at once). Measured on the H200 (docs/perf.md, round Y): a window of 2 made
-        offload 14% faster at batch 4 and hybrid 8-18% slower (a held guess that turns into a
-        miss goes to its CPU), so the default is 2 for offload, none for hybrid."""
+        every guess at once). Measured on the H200 (docs/perf.md, rounds Y to AA): a window of 2
+        made offload 11-17% faster at batch 4 (level at batch 1) and hybrid 8-18% slower (a held
+        guess that turns into a miss may go to its CPU), so: 2 for offload, none for hybrid."""
         if self.moe_prefetch_window is not None:
             return self.moe_prefetch_window
         return 2 if self.moe_strategy == "offload" else 0

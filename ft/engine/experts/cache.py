@@ -114,7 +114,8 @@ class ExpertCache:
         if missing:
             self.misses += len(missing)
             self._fetch(layer, missing, slots)
-        return slots  # held guesses are fed at the next prefetch, once the compute is launched  # type: ignore[return-value]
+        # held guesses are fed at the next prefetch, once the next compute is launched
+        return slots  # type: ignore[return-value]
 
     def prefetch(self, layer: int, experts: list[int], keep_layer: int) -> None:
         """Start copying the absent ones of these experts of `layer` into slots, ahead of need;
