@@ -11,6 +11,11 @@ from ft.probes.gpu import GpuProbe
 from ft.probes.stacks import AgentReader, PtraceDenied, PySpy
 from ft.probes.threads import ThreadProbe, process_tree
 
+# py-spy stops the target for each dump (with --native it unwinds every thread, 50-90 ms on the
+# CI box): at most this share of the run in those stops, or a spinning thread reads ~60% CPU and
+# the hot-thread finding, the one diagnose exists for, is lost to the probe's own pauses
+PYSPY_MAX_PAUSED = 0.1
+
 
 @dataclass(frozen=True)
 class SamplerConfig:
@@ -65,8 +70,11 @@ class Sampler:
         self.stream.write(self.gpu.sample())
         self.drain_agent()
         if self.pyspy is not None and time.monotonic() >= self._pyspy_next:
-            self._pyspy_next = time.monotonic() + self.config.pyspy_every
+            start = time.monotonic()
             self._pyspy_round()
+            took = time.monotonic() - start  # an upper bound of the pause: py-spy's start too
+            wait = max(self.config.pyspy_every, took * (1 / PYSPY_MAX_PAUSED - 1))
+            self._pyspy_next = time.monotonic() + wait
 
     def drain_agent(self) -> None:
         """Copy the agent's new stack samples into the stream (also called once at the end)."""
