@@ -8,8 +8,8 @@ step's other host time).
 
     python scripts/bench_stop_phases.py --model DIR [--tokens 32] [--batch 1] [--cache-rate 0.15]
         [--variants "NAME:VAR=VALUE,...;..."]   (as scripts/bench_sweep.py's, one load of the
-                                                 experts for all of them; WINDOW=N sets
-                                                 --moe-prefetch-window)
+                                                 experts for all of them; WINDOW=N and
+                                                 PIN=1 set the engine's flags)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 
 import torch
-from bench_sweep import environment, variant
+from bench_sweep import engine_vars, environment, variant
 
 from ft.bench import decode
 from ft.engine import graphs as graphs_module
@@ -42,10 +42,9 @@ def timed(owner, name: str, phase: str, spent: dict) -> None:
     setattr(owner, name, wrapper)
 
 
-def measure(model: str, store, tokens: int, batch: int, rate: float, window=None) -> dict:
+def measure(model: str, store, tokens: int, batch: int, rate: float, **settings) -> dict:
     config = EngineConfig(model=model, device="cuda", moe_strategy="offload", moe_cache_rate=rate,
-                          max_model_len=128, max_num_seqs=batch,
-                          moe_prefetch_window=window)  # fmt: skip
+                          max_model_len=128, max_num_seqs=batch, **settings)  # fmt: skip
     engine = LLMEngine(config, expert_store=store)
     graphs, strategy = engine.graphs, engine.strategy
     assert graphs is not None, "needs CUDA graphs (FT_CUDA_GRAPHS=1)"
@@ -94,11 +93,9 @@ def main() -> None:
     store, _ = decode._load_store(EngineConfig(model=a.model))
     variants = [variant(text) for text in a.variants.split(";") if text.strip()]
     for repeat, (name, env) in itertools.product(range(a.repeats), variants):
-        env = dict(env)
-        window = env.pop("WINDOW", None)
+        env, settings = engine_vars(env)
         with environment(env):
-            result = measure(a.model, store, a.tokens, a.batch, a.cache_rate,
-                             None if window is None else int(window))  # fmt: skip
+            result = measure(a.model, store, a.tokens, a.batch, a.cache_rate, **settings)
         print(json.dumps({"variant": name, "repeat": repeat, **result}), flush=True)
 
 

@@ -54,6 +54,19 @@ def environment(env: dict[str, str]):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
+    """A variant's pseudo-variables -> (the real environment, the engine settings they give):
+    STRATEGY=NAME, WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread)."""
+    env, settings = dict(env), {}
+    if "STRATEGY" in env:
+        settings["strategy"] = env.pop("STRATEGY")
+    if "WINDOW" in env:
+        settings["moe_prefetch_window"] = int(env.pop("WINDOW"))
+    if "PIN" in env:
+        settings["pin_engine_thread"] = env.pop("PIN") == "1"
+    return env, settings
+
+
 def host_state() -> dict:
     """What may differ between runs of one process on the host: counters to diff, and state."""
     process = psutil.Process()
@@ -95,19 +108,15 @@ def main() -> None:
     store, shape = decode._load_store(base)
     bw = bandwidths(base.device, decode._profile_data(cfg.profile), quick=base.device == "cpu")
     variants = [variant(text) for text in args.variants.split(";") if text.strip()]
-    strategies = cfg.strategies
     for repeat, strategy, depth, (name, env) in itertools.product(
-        range(args.repeats), strategies, ints(args.depths), variants
+        range(args.repeats), cfg.strategies, ints(args.depths), variants
     ):
-        env = dict(env)
-        strategy = env.pop("STRATEGY", strategy)
-        window, pin = env.pop("WINDOW", None), env.pop("PIN", None)
+        env, settings = engine_vars(env)
+        strategy = settings.pop("strategy", strategy)
         trace = args.trace and os.path.join(args.trace, f"r{repeat}-{strategy}-d{depth}-{name}")
         run = dataclasses.replace(
-            cfg, strategies=(strategy,), moe_prefetch_depth=depth, trace=trace,
-            moe_prefetch_window=None if window is None else int(window),
-            pin_engine_thread=pin == "1",
-        )  # fmt: skip
+            cfg, strategies=(strategy,), moe_prefetch_depth=depth, trace=trace, **settings
+        )
         before = host_state()
         with environment(env):
             rows = decode._run_strategy(run, base, strategy, store, shape, bw, lambda *_: None)
