@@ -26,6 +26,7 @@ from ft.errors import FtError
 COUNTERS = (
     "cache_hits", "cache_misses", "experts_fetched", "bytes_fetched", "experts_cpu",
     "experts_cpu_inline", "expert_uses", "experts_prefetched", "prefetch_hits",
+    "experts_in_place",
 )  # fmt: skip
 PEERS = ("accelerate",)
 Progress = Callable[[str, int], None]  # (what is running, steps done) for a progress bar
@@ -59,6 +60,7 @@ class DecodeBenchConfig:
     moe_prefetch_depth: int = 2  # how many layers ahead
     moe_prefetch_window: int | None = None  # None: the strategy's default
     pin_engine_thread: bool = False  # pin the stepping thread (--pin-engine-thread)
+    moe_zero_copy: bool | None = None  # offload's --moe-zero-copy (the other strategies: unset)
     expert_format: str | None = None  # None: the checkpoint's (given: checked against it)
 
     def __post_init__(self) -> None:
@@ -165,6 +167,7 @@ def _engine(cfg, base, strategy: str, store):
         moe_hybrid_max_fetch=cfg.max_fetch, cpu_moe_threads=cfg.cpu_moe_threads,
         moe_prefetch=cfg.moe_prefetch, moe_prefetch_depth=cfg.moe_prefetch_depth,
         moe_prefetch_window=cfg.moe_prefetch_window, pin_engine_thread=cfg.pin_engine_thread,
+        moe_zero_copy=cfg.moe_zero_copy if strategy == "offload" else None,
         bw_profile=cfg.profile, expert_format=base.expert_format,
     )  # fmt: skip
     return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared
@@ -212,12 +215,13 @@ def _summarise(engine, strategy, batch, steps, shape, store, bw: Bandwidths) -> 
     seconds = [s["seconds"] for s in steps]
     per_step = {k: statistics.fmean(s.get(k, 0) for s in steps) for k in COUNTERS}
     cpu_experts = per_step["experts_cpu"] + per_step["experts_cpu_inline"]
+    off_hbm = cpu_experts + per_step["experts_in_place"]  # computed from host memory
     kv = kv_bytes_per_token(shape, engine) * statistics.fmean(s["context"] for s in steps)
     step = StepBytes(
         hbm=dense_read_bytes(engine.model)
-        + (per_step["expert_uses"] - cpu_experts) * store.expert_bytes
+        + (per_step["expert_uses"] - off_hbm) * store.expert_bytes
         + kv,
-        pcie=per_step["bytes_fetched"],
+        pcie=per_step["bytes_fetched"],  # copies into slots and experts read in place
         host=cpu_experts * store.expert_bytes,
     )
     tok_s = batch * len(steps) / sum(seconds)

@@ -7,9 +7,10 @@ slowest link:
     roofline  = tokens_per_step / t_step             (tok/s)
     ratio     = measured tok/s / roofline
 
-HBM bytes = dense weights read + experts computed on the device (resident weights or cache
-slots) + the KV cache read; PCIe bytes = experts fetched into slots; host bytes = experts
-computed on the CPU. The byte counts come from the engine's own counters.
+HBM bytes = dense weights read + experts computed on the device from resident weights or cache
+slots + the KV cache read; PCIe bytes = experts fetched into slots, or read in place from host
+memory by the device (zero-copy decode); host bytes = experts computed on the CPU. The byte
+counts come from the engine's own counters.
 """
 
 from __future__ import annotations

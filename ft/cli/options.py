@@ -91,8 +91,18 @@ class EngineFlags:
         typer.Option(
             "--moe-prefetch-window",
             help="Prefetched experts queued for copy at once, the rest held on the host, so a "
-            "miss waits behind at most that many (0: no bound). Default: 2 for offload, 0 for "
-            "hybrid.",
+            "miss waits behind at most that many (0: no bound). Default: 2 for offload, 8 for "
+            "offload --moe-zero-copy, 0 for hybrid.",
+        ),
+    ] = None
+    moe_zero_copy: Annotated[
+        bool | None,
+        typer.Option(
+            "--moe-zero-copy/--no-moe-zero-copy",
+            help="offload, CUDA graphs: the expert kernels read a cache miss in place from host "
+            "memory, so decode never stops for the host, which follows each layer and copies "
+            "experts in for later layers and tokens. Pays where the cache holds most routed "
+            "experts, at batch > 1 (docs/perf.md).",
         ),
     ] = None
     pin_engine_thread: Annotated[

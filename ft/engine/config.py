@@ -179,6 +179,7 @@ class EngineConfig:
     moe_prefetch_depth: int = 2  # how many layers ahead a stop prefetches guesses for
     moe_prefetch_window: int | None = None  # guesses queued for copy at once; None: the strategy's
     pin_engine_thread: bool = False  # pin the stepping thread to a core the CPU pool leaves
+    moe_zero_copy: bool | None = None  # offload: misses read in place; None: the default
     bw_profile: str | None = None  # None: $FT_CACHE_DIR/benchbw.json
 
     def __post_init__(self) -> None:
@@ -221,6 +222,11 @@ class EngineConfig:
         if self.memory_margin_gib < 0:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
         check_prefetch_depth(self.moe_prefetch_depth)
+        if self.moe_zero_copy and self.moe_strategy != "offload":
+            raise FtError(
+                f"--moe-zero-copy is offload's (got --moe-strategy {self.moe_strategy}): hybrid's "
+                "CPU share needs the host's stop, resident has no misses"
+            )
         if self.moe_prefetch_window is not None and self.moe_prefetch_window < 0:
             raise FtError(f"moe_prefetch_window must be 0 or more, got {self.moe_prefetch_window}")
 
@@ -259,12 +265,22 @@ class EngineConfig:
     @property
     def prefetch_window(self) -> int:
         """Prefetched experts queued on the copy engine at once, the rest held on the host (0:
-        every guess at once). Measured on the H200 (docs/perf.md, rounds Y to AA): a window of 2
-        made offload 11-17% faster at batch 4 (level at batch 1) and hybrid 8-18% slower (a held
-        guess that turns into a miss may go to its CPU), so: 2 for offload, none for hybrid."""
+        every guess at once). Measured on the H200 (docs/perf.md): a window of 2 made offload
+        11-17% faster at batch 4 (level at batch 1) and hybrid 8-18% slower (a held guess that
+        turns into a miss may go to its CPU; rounds Y to AA); zero-copy offload was fastest
+        with 8 (its work list waits for a queued copy, and reads the rest in place; round AG).
+        So: 2 for offload, 8 for offload --moe-zero-copy, none for hybrid."""
         if self.moe_prefetch_window is not None:
             return self.moe_prefetch_window
-        return 2 if self.moe_strategy == "offload" else 0
+        if self.moe_strategy != "offload":
+            return 0
+        return 8 if self.zero_copy else 2
+
+    @property
+    def zero_copy(self) -> bool:
+        """offload: decode reads a miss in place from host memory and never stops for the host
+        (ft.engine.strategies.zero_copy), rather than copying it in at a host stop."""
+        return bool(self.moe_zero_copy) and self.moe_strategy == "offload"
 
     def describe(self) -> str:
         """The body of the `Resolved config:` log line."""

@@ -107,22 +107,46 @@ def _route_kernel(
     tl.store(w_ptr + t * K + slots, vals.to(DTYPE), mask=slots < K)
 
 
+# polls of a queued copy's ready mark (~0.3 us each) before the expert is read in place instead
+MAX_SPINS = tl.constexpr(1 << 13)
+
+
+@triton.jit
+def _ready_slots(slot, key, ok, ready_ptr, CODE, WAIT: tl.constexpr):
+    """Which slots hold their expert's data: ready[slot] == CODE + expert, the mark the copy
+    engine writes behind the data; WAIT: poll (bounded) while a copy is still queued."""
+    has = ok & (slot >= 0)
+    code = CODE + key
+    mark = tl.load(ready_ptr + slot, mask=has, other=-1, volatile=True)
+    if WAIT:
+        spins = 0
+        while (tl.sum((has & (mark != code)).to(tl.int32), axis=0) > 0) & (spins < MAX_SPINS):
+            mark = tl.load(ready_ptr + slot, mask=has, other=-1, volatile=True)
+            spins += 1
+    return has & (mark == code)
+
+
 @triton.jit
 def _plan_kernel(
-    ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, P,
-    K: tl.constexpr, BP: tl.constexpr, TABLE: tl.constexpr,
+    ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, count_ptr,
+    ready_ptr, P, NSLOT, CODE, K: tl.constexpr, BP: tl.constexpr, TABLE: tl.constexpr,
+    IN_PLACE: tl.constexpr, WAIT: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, BP)
     ok = i < P
     key = tl.load(ids_ptr + i, mask=ok, other=2**30).to(tl.int32)  # padding sorts last
-    if TABLE:
-        slot = tl.load(table_ptr + key, mask=ok, other=-1)
+    if TABLE:  # volatile: the host may rewrite the table while a step runs (zero-copy decode)
+        slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
     else:
         slot = key
     same = key[None, :] == key[:, None]  # [BP, BP]
     earlier = i[None, :] < i[:, None]
     rank = tl.sum(((key[None, :] < key[:, None]) | (same & earlier)).to(tl.int32), axis=1)
     first = tl.sum((same & earlier).to(tl.int32), axis=1) == 0  # the run's first pair
+    if IN_PLACE:  # slot not ready: the expert's row of the host store, NSLOT + expert
+        missed = ok & ~_ready_slots(slot, key, ok, ready_ptr, CODE, WAIT)
+        tl.atomic_add(count_ptr, tl.sum((missed & first).to(tl.int64), axis=0))  # once each
+        slot = tl.where(missed, NSLOT + key, slot)
     weight = tl.load(w_ptr + i, mask=ok, other=0.0)
     tl.store(tok_ptr + rank, (i // K).to(tl.int64), mask=ok)
     tl.store(slot_ptr + rank, slot, mask=ok)
@@ -140,11 +164,21 @@ def route_topk(logits, top_k: int, norm: bool, ids, weights) -> None:
     )  # fmt: skip
 
 
-def plan_pairs(ids, weights, table, tok, slot, weight, block_start, block_slot) -> None:
+def plan_pairs(
+    ids, weights, table, tok, slot, weight, block_start, block_slot, in_place=None
+) -> None:
     """The decode work list in one program: pairs ordered by expert id (stable), each run's
-    first row owning a block; slot = table[expert] (table None: the expert id itself)."""
+    first row owning a block; slot = table[expert] (table None: the expert id itself).
+    in_place (grouped.InPlace, zero-copy decode): an expert whose slot is not ready gets
+    num_slots + expert (read from the host store in place) and counts once in its misses."""
     P, K = ids.numel(), ids.shape[1]  # noqa: N806
+    if in_place is None:  # its operands are never read: stand-ins
+        count, ready, num_slots, code_base, wait = ids, ids, 0, 0, False
+    else:
+        count, ready, wait = in_place.misses, in_place.ready, in_place.wait
+        num_slots, code_base = in_place.num_slots, in_place.code_base
     _plan_kernel[(1,)](
         ids, weights, table if table is not None else ids, tok, slot, weight, block_start,
-        block_slot, P, K=K, BP=triton.next_power_of_2(P), TABLE=table is not None,
+        block_slot, count, ready, P, num_slots, code_base, K=K, BP=triton.next_power_of_2(P),
+        TABLE=table is not None, IN_PLACE=in_place is not None, WAIT=wait,
     )  # fmt: skip

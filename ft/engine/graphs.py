@@ -6,6 +6,8 @@ captured once per (batch size, KV length bucket) and replayed:
     resident (graph_safe):        [embed, L0 .. L47, norm, lm_head]           1 graph
     offload, hybrid (host_stop):  [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
                                   -host- ... [L47 experts, norm, lm_head]     49 graphs
+    offload --moe-zero-copy       the same 49 stretches as 1 graph; the host
+    (host_follows):               follows it, never stops it
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
 misses (copies on the cache's stream) and writes their slots in the cache's slot table, which the
@@ -15,6 +17,10 @@ the stretch also runs the routers of the next `prefetch_depth` cuts on this cut'
 the next stretch is launched, `prefetch` starts copying those guesses' misses, nearest cut first, so
 they cross PCIe while the stretches before them compute. A depth of 2 keeps the copies a layer
 ahead: with 1, a layer that needs more copies than its neighbours holds the compute up.
+With zero-copy misses (`follow_step`), the expert kernels read a missing expert from host memory
+themselves, so no stretch waits for the host: the whole step is queued as one graph, each stretch
+writes its routing rows into pinned memory (`StopRows`), and the host, polling those, does each
+cut's bookkeeping and copies while the GPU runs ahead.
 Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
 step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
 masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
@@ -24,12 +30,15 @@ Legend: B = sequences, D = hidden, K = experts per token, V = vocab.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ft.engine.attention import Batch, Span
+from ft.engine.experts.cache import device_view
+from ft.errors import FtError
 
 KV_BUCKET = 256  # keys per bucket: one graph serves every length up to its bucket
 
@@ -75,20 +84,62 @@ class Handoff:
         """The first b sequences' rows (views: the same static buffers)."""
         return Handoff(self.h[:b], self.x[:b], self.ids[:b], self.weights[:b], self.stop[:b])
 
-    def write(self, b: int, h, x, ids, weights, guesses: list) -> None:
+    def write(self, b: int, h, x, ids, weights, guesses: list, stop=None) -> None:
         """guesses: [B, K] ids per later cut (`guessed_cuts`; near the last cut there are fewer
-        than `stop` has room for, and the columns past them are not read)."""
-        k = ids.shape[1]
+        than `stop` has room for, and the columns past them are not read). stop: where the stop
+        columns go, if not to this Handoff's own (zero-copy decode: the cut's StopRows)."""
+        k, stop = ids.shape[1], self.stop if stop is None else stop
         pairs = [(self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)]
         columns = [ids, *guesses]
-        pairs += [(self.stop[:, j * k : (j + 1) * k], c) for j, c in enumerate(columns)]
+        pairs += [(stop[:, j * k : (j + 1) * k], c) for j, c in enumerate(columns)]
         for dst, src in pairs:
             dst[:b].copy_(src)
 
 
 def cut_layers(model, strategy) -> list[int]:
-    """The MoE layers where decode stops for the host: none for graph_safe strategies."""
-    return [layer.index for layer in model.layers if layer.is_moe] if strategy.host_stop else []
+    """The MoE layers where decode stops for the host (or where the host follows it): none for
+    graph_safe strategies."""
+    cut = strategy.host_stop or strategy.host_follows
+    return [layer.index for layer in model.layers if layer.is_moe] if cut else []
+
+
+class StopRows:
+    """Zero-copy decode: each cut's stop columns (routed ids, then guesses) as the step's graph
+    writes them, [cuts, B, (1 + depth) K] int64 in pinned host memory that the graph writes
+    through its device address and the host polls; -1 until written, reset once read."""
+
+    TIMEOUT_S = 60.0  # a step whose rows never come has failed on the device
+
+    def __init__(self, cuts: int, max_batch: int, width: int, device):
+        cuda = torch.device(device).type == "cuda"
+        self.host = torch.full((cuts, max_batch, width), -1, dtype=torch.long, pin_memory=cuda)
+        self.device = device_view(self.host, torch.device(device)) if cuda else self.host
+        self._items = self.host.numpy()  # the host's reads and writes: no torch op per poll
+        self.width = width
+
+    def wait(self, k: int, b: int, width: int) -> list[list[int]]:
+        """Cut k's rows for b sequences, their first `width` columns (what the stretch writes:
+        near the last cut there are fewer guesses), once the graph has written them; then
+        reset."""
+        rows = self._items[k, :b, :width]
+        deadline = None
+        while (rows < 0).any():  # the engine's thread spins here while the GPU computes
+            now = time.monotonic()
+            deadline = deadline or now + self.TIMEOUT_S
+            if now > deadline:
+                raise FtError(
+                    f"decode: the routing of MoE cut {k} did not arrive in {self.TIMEOUT_S:g} s"
+                )
+        got = rows.tolist()
+        rows.fill(-1)
+        return got
+
+    def ready(self, k: int, b: int) -> bool:
+        """Whether cut k's routed ids are written (the GPU has routed that cut already)."""
+        return bool((self._items[k, :b, 0] >= 0).all())
+
+    def clear(self) -> None:
+        self._items.fill(-1)
 
 
 def guessed_cuts(cuts: list[int], k: int, depth: int) -> list[int]:
@@ -97,9 +148,10 @@ def guessed_cuts(cuts: list[int], k: int, depth: int) -> list[int]:
     return cuts[k + 1 : k + 1 + depth]
 
 
-def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs):
+def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs, stop=None):
     """Stretch k of the step: finish cut k-1's experts, run to cut k's routing (-> dst's first
-    B rows, returned), or on the last stretch to the logits (returned)."""
+    B rows, returned; the stop columns into `stop` if given), or on the last stretch to the
+    logits (returned)."""
     tokens, positions, slots, kv_len = inputs
     batch, b = _decode_batch(tokens, positions, slots, kv_len), tokens.shape[0]
     if k == 0:
@@ -118,7 +170,7 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     ids, weights = layer.route(x)
     ahead = guessed_cuts(cuts, k, layer.moe.prefetch_depth)
     guesses = [model.layers[cut].route(x)[0] for cut in ahead]
-    dst.write(b, h, x, ids, weights, guesses)
+    dst.write(b, h, x, ids, weights, guesses, stop)
     return dst.rows(b)
 
 
@@ -156,6 +208,26 @@ def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
     ]
 
 
+def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> torch.Tensor:
+    """The host's side of a zero-copy decode step: `launch()` queues the whole step (the GPU
+    waits for no one) and returns its logits; then, cut by cut as the GPU publishes them, the
+    host hands the routed ids and the guesses of the next cuts to `strategy.follow`, which
+    copies experts in for later layers and tokens. A guess for a cut the GPU has routed
+    already is dropped: it comes too late to help."""
+    out = launch()
+    top_k = rows.width // (1 + strategy.prefetch_depth)
+    for k, cut in enumerate(cuts):
+        ahead = guessed_cuts(cuts, k, strategy.prefetch_depth)
+        got = rows.wait(k, b, (1 + len(ahead)) * top_k)  # [B][(1 + guessed cuts) K]
+        guesses = [
+            (later, [row[(j + 1) * top_k : (j + 2) * top_k] for row in got])
+            for j, later in enumerate(ahead)
+            if not rows.ready(k + 1 + j, b)
+        ]
+        strategy.follow(cut, [row[:top_k] for row in got], guesses)
+    return out
+
+
 class DecodeGraphs:
     """Captured decode stretches keyed by (B, kv bucket), replayed on static buffers."""
 
@@ -173,6 +245,10 @@ class DecodeGraphs:
         self.handoffs = [
             Handoff.allocate(max_batch, model.cfg, dtype, device, depth) for _ in range(2)
         ]
+        self.rows = None  # zero-copy decode: the cuts' stop columns, polled by the host
+        if strategy.host_follows:
+            width = (1 + depth) * model.cfg.top_k
+            self.rows = StopRows(len(self.cuts), max_batch, width, device)
         self.graphs: dict[tuple[int, int], list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]] = {}
         self.pool = None
 
@@ -186,35 +262,50 @@ class DecodeGraphs:
         self.positions[:b].copy_(batch.positions)
         self.slots[:b].copy_(batch.slots)
         key = (b, kv_bucket(max(s.start for s in batch.spans) + 1, self.max_len, self.bucket))
-        stretches = self.graphs.setdefault(key, [])
-
-        def launch(k: int) -> torch.Tensor:
-            if k == len(stretches):  # first step with this key: capture as we go
-                stretches.append(self._capture(k, *key))
-            graph, out = stretches[k]
-            graph.replay()
-            return out
-
-        out = run_step(self.strategy, self.cuts, launch)
+        if self.rows is not None:  # zero-copy: the whole step is one graph the host follows
+            out = follow_step(self.strategy, self.cuts, self.rows, b, lambda: self._replay(key))
+        else:
+            out = run_step(self.strategy, self.cuts, lambda k: self._replay(key, k))
         return out.clone()  # graphs share one memory pool: the next replay may reuse `out`
+
+    def _replay(self, key: tuple[int, int], k: int | None = None) -> torch.Tensor:
+        """Replay stretch k, or with k None the whole step as one graph (zero-copy), captured
+        on first use -> its output (the Handoff rows it writes, or the logits)."""
+        graphs = self.graphs.setdefault(key, [])
+        if k is None:
+            if not graphs:
+                graphs.append(self._capture(range(len(self.cuts) + 1), *key))
+            k = 0
+        elif k == len(graphs):  # first step with this key: capture as we go
+            graphs.append(self._capture([k], *key))
+        graph, out = graphs[k]
+        graph.replay()
+        return out
 
     def _run(self, k: int, b: int, kv_len: int) -> torch.Tensor:
         src, dst = self.handoffs[k % 2], self.handoffs[(k + 1) % 2]
         inputs = (self.tokens[:b], self.positions[:b], self.slots[:b], kv_len)
-        return run_stretch(self.model, self.cuts, k, src, dst, inputs)
+        stop = self.rows.device[k, :b] if self.rows is not None and k < len(self.cuts) else None
+        return run_stretch(self.model, self.cuts, k, src, dst, inputs, stop)
 
-    def _capture(self, k: int, b: int, kv_len: int):
+    def _capture(self, stretches, b: int, kv_len: int):
+        """One graph of these stretches, in order -> (graph, the last one's output)."""
         saved = [t.clone() for t in self.strategy.device_counters()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm up: compile kernels, create handles, off the graph
             for _ in range(2):  # rewrites this step's own K/V and handoff with the same values
-                self._run(k, b, kv_len)
+                for k in stretches:
+                    self._run(k, b, kv_len)
         torch.cuda.current_stream().wait_stream(side)
         for counter, value in zip(self.strategy.device_counters(), saved, strict=True):
             counter.copy_(value)  # the warm-up steps are not the user's
+        if self.rows is not None:  # the warm-ups wrote the cuts' rows: not this step's to read
+            torch.cuda.synchronize()
+            self.rows.clear()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self._run(k, b, kv_len)
+            for k in stretches:
+                out = self._run(k, b, kv_len)
         self.pool = graph.pool()
         return graph, out

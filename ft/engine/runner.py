@@ -36,7 +36,8 @@ class EngineStats:
     cache_hits: int = 0
     cache_misses: int = 0
     experts_fetched: int = 0
-    bytes_fetched: int = 0
+    experts_in_place: int = 0  # read from host memory by the device (--moe-zero-copy)
+    bytes_fetched: int = 0  # expert bytes over PCIe: copies and reads in place
     experts_cpu: int = 0
     experts_cpu_inline: int = 0
     expert_uses: int = 0
@@ -119,15 +120,21 @@ class LLMEngine:
 
     def _decode_graphs(self, max_batch: int):
         """CUDA graphs for decode (unless FT_CUDA_GRAPHS=0) where the strategy allows them."""
-        capturable = self.strategy.graph_safe or self.strategy.host_stop
+        strategy = self.strategy
+        capturable = strategy.graph_safe or strategy.host_stop or strategy.host_follows
         if not (settings.cuda_graphs() and self.device.type == "cuda" and capturable):
             return None
         from ft.engine.graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(self.model, self.strategy, max_batch, self.max_model_len, self.device)
-        per = "step" if self.strategy.graph_safe else "stretch between MoE layers' host stops"
+        graphs = DecodeGraphs(self.model, strategy, max_batch, self.max_model_len, self.device)
+        one_graph = strategy.graph_safe or strategy.host_follows
+        per = "step" if one_graph else "stretch between MoE layers' host stops"
         keys = "" if graphs.bucket == self.max_model_len else f" and {graphs.bucket}-key bucket"
-        log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}")
+        how = ""
+        if strategy.host_follows:
+            how = " (zero-copy: misses read in place from host memory; the host follows each MoE "
+            how += "layer and never stops the GPU)"
+        log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}{how}")
         if self.strategy.prefetch_depth:  # only the graphed stops prefetch
             depth, window = self.strategy.prefetch_depth, self.strategy.cache.window
             queued = f"at most {window} queued" if window else "all queued"

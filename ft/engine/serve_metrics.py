@@ -31,7 +31,16 @@ ENGINE_COUNTERS = (
     ("ft_expert_cache_hits", "cache_hits", "Routed expert uses served from the expert cache."),
     ("ft_expert_cache_misses", "cache_misses", "Routed expert uses that missed the cache."),
     ("ft_experts_fetched", "experts_fetched", "Experts copied from host memory into cache slots."),
-    ("ft_expert_bytes_fetched", "bytes_fetched", "Bytes of expert weights copied into slots."),
+    (
+        "ft_experts_in_place",
+        "experts_in_place",
+        "Experts read in place from host memory by the device (--moe-zero-copy).",
+    ),
+    (
+        "ft_expert_bytes_fetched",
+        "bytes_fetched",
+        "Bytes of expert weights that crossed PCIe: copied into slots or read in place.",
+    ),
     ("ft_experts_cpu", "experts_cpu", "Experts computed by the pinned CPU MoE pool."),
     (
         "ft_experts_cpu_inline",
@@ -42,6 +51,7 @@ ENGINE_COUNTERS = (
 )
 PER_STEP_GAUGES = (
     ("ft_experts_fetched_per_step", "experts_fetched", "Experts copied into cache slots"),
+    ("ft_experts_in_place_per_step", "experts_in_place", "Experts read in place from host memory"),
     ("ft_experts_cpu_per_step", "experts_cpu", "Experts computed by the CPU MoE pool"),
     ("ft_experts_cpu_inline_per_step", "experts_cpu_inline", "Experts computed outside the pool"),
 )

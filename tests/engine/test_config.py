@@ -80,9 +80,15 @@ def test_model_config_rejects(raw, message):
 
 
 @pytest.mark.parametrize(
-    "strategy, given, window",
-    [("offload", None, 2), ("hybrid", None, 0), ("offload", 0, 0), ("hybrid", 3, 3)],
-)
-def test_prefetch_window_is_the_strategy_s_unless_given(strategy, given, window):
-    config = EngineConfig(model="m", device="cpu", moe_strategy=strategy, moe_prefetch_window=given)
+    "strategy, zero_copy, given, window",
+    [
+        ("offload", None, None, 2), ("offload", True, None, 8), ("hybrid", None, None, 0),
+        ("offload", None, 0, 0), ("offload", True, 3, 3), ("hybrid", None, 3, 3),
+    ],
+)  # fmt: skip
+def test_prefetch_window_is_the_strategy_s_unless_given(strategy, zero_copy, given, window):
+    config = EngineConfig(
+        model="m", device="cpu", moe_strategy=strategy, moe_zero_copy=zero_copy,
+        moe_prefetch_window=given,
+    )  # fmt: skip
     assert config.prefetch_window == window

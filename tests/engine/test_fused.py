@@ -36,7 +36,7 @@ def test_rope_keeps_the_norm_of_each_half_pair():
 
 _INTERPRETED = """
 import torch
-from ft.engine.experts.grouped import plan_blocks
+from ft.engine.experts.grouped import InPlace, plan_blocks
 from ft.engine.fused import add_rms_norm, qk_norm_rope, route_topk
 
 gen = torch.Generator().manual_seed(3)
@@ -64,6 +64,18 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
             for field in ("tok", "slot", "weight", "block_start", "block_slot"):
                 assert torch.equal(getattr(got, field), getattr(want, field)), field
             assert got.block_m == want.block_m
+        # zero-copy: experts 0, 3, 6.. have no slot, odd ones a slot whose data has not landed
+        no_slot = torch.where(torch.arange(experts) % 3 == 0, -1, table).to(torch.int32)
+        ready = torch.full((experts,), -7, dtype=torch.int32)
+        ready[table[0::2].long()] = 5 * experts + torch.arange(0, experts, 2, dtype=torch.int32)
+        misses = [torch.zeros(1, dtype=torch.long) for _ in range(2)]
+        got, want = (
+            plan_blocks(ids, weights, no_slot, kind, InPlace(experts, m, ready, 5 * experts, False))
+            for kind, m in zip(("triton", "torch"), misses)
+        )
+        for field in ("tok", "slot", "weight", "block_start", "block_slot"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+        assert int(misses[0]) == int(misses[1]) > 0 and (got.slot >= experts).any()
 print("ok")
 """
 

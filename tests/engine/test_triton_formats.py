@@ -56,6 +56,19 @@ def check(fmt: str) -> None:
         assert (blocks.block_slot < 0).any()  # a dead block is exercised
         got = reduce_pairs(blocks, triton_moe_pairs(x, bank, blocks, fmt), T)
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol, msg=f"{fmt} {dtype}")
+        # zero-copy: experts 0 and 3 read in place from a host bank (row = expert), their
+        # slots (2 and 3) zeroed so that reading them instead would show
+        host = {k: torch.zeros_like(v) for k, v in bank.items()}
+        for expert, slot in enumerate(SLOT_OF.tolist()):
+            for k in host:
+                host[k][expert] = bank[k][max(slot, 0)]
+        cache = {k: v.clone() for k, v in bank.items()}
+        for k in cache:
+            cache[k][[2, 3]] = 0
+        slots = [N + g.expert if g.expert in (0, 3) else int(SLOT_OF[g.expert]) for g in groups]
+        blocks = blocks_from_groups(groups, slots, "cpu")
+        got = reduce_pairs(blocks, triton_moe_pairs(x, cache, blocks, fmt, host), T)
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol, msg=f"{fmt} {dtype} host")
 
 
 _CHILD = """

@@ -34,22 +34,24 @@ import torch
 
 from ft.engine.experts.store import HostExpertStore
 
+_TYPESTR = {torch.int32: "<i4", torch.int64: "<i8"}
 
-class _PinnedInt32:
-    """The CUDA array interface of a pinned int32 host tensor: with unified addressing, pinned
-    pages' host address is also their device address."""
+
+class _Pinned:
+    """The CUDA array interface of a pinned int32 or int64 host tensor: with unified
+    addressing, pinned pages' host address is also their device address."""
 
     def __init__(self, host: torch.Tensor):
-        assert host.is_pinned() and host.dtype == torch.int32 and host.is_contiguous()
+        assert host.is_pinned() and host.dtype in _TYPESTR and host.is_contiguous()
         self.__cuda_array_interface__ = {
-            "shape": tuple(host.shape), "typestr": "<i4", "data": (host.data_ptr(), False),
-            "version": 3, "strides": None,
+            "shape": tuple(host.shape), "typestr": _TYPESTR[host.dtype],
+            "data": (host.data_ptr(), False), "version": 3, "strides": None,
         }  # fmt: skip
 
 
 def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CUDA tensor over pinned host memory: kernels read it across PCIe, with no copy."""
-    return torch.as_tensor(_PinnedInt32(host), device=device)
+    return torch.as_tensor(_Pinned(host), device=device)
 
 
 class _Copied:
@@ -139,10 +141,15 @@ class ExpertCache:
         while self._queued and self._queued[0][0].query():  # in order: the oldest ends first
             self._queued.popleft()
         in_flight = sum(n for _, n in self._queued)
-        while self._held and in_flight < self.window:
-            layer, expert = self._held.popleft()
-            if (layer, expert) not in self._slot_of:
-                in_flight += self._submit(layer, [expert], keep_layer)
+        for held in self._waiting():
+            while held and in_flight < self.window:
+                layer, expert = held.popleft()
+                if (layer, expert) not in self._slot_of:
+                    in_flight += self._submit(layer, [expert], keep_layer)
+
+    def _waiting(self) -> tuple[deque, ...]:
+        """The queues of experts held on the host, the first fed first."""
+        return (self._held,)
 
     @property
     def held(self) -> list[tuple[int, int]]:
@@ -173,12 +180,17 @@ class ExpertCache:
                 self._load(layer, expert, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._prefetch_stream)
+        self._track(layer, missing, done)
+        return done
+
+    def _track(self, layer: int, missing: list[int], done: torch.cuda.Event) -> None:
+        """Remember which prefetch copies these experts, for a compute or a miss's copy that
+        must wait for it (`_wait_for_prefetch`)."""
         self._prefetches += 1
         self._in_flight.update(((layer, e), self._prefetches) for e in missing)
         live = {n for n in self._in_flight.values() if n > self._waited}  # events still needed
         self._prefetch_events = {n: ev for n, ev in self._prefetch_events.items() if n in live}
         self._prefetch_events[self._prefetches] = done
-        return done
 
     def _evictable(self, keep_layer: int, want: int) -> int:
         """How many of `want` slots can be taken before one holding an expert of keep_layer."""
@@ -241,7 +253,11 @@ class ExpertCache:
         waits for a prefetch copy that may still be writing that slot."""
         if self._free:
             return self._free.pop()
-        key, slot = self._slot_of.popitem(last=False)  # evict the least recently used
+        return self._evict(next(iter(self._slot_of)), stream)  # the least recently used
+
+    def _evict(self, key: tuple[int, int], stream=None) -> int:
+        """Take key's slot: its table entry cleared at once -> the slot."""
+        slot = self._slot_of.pop(key)
         self._table_items[key] = -1
         self._prefetched_keys.discard(key)  # prefetched and never used: wasted
         if stream is not None:

@@ -42,6 +42,21 @@ class PairBlocks:
         return self.tok.shape[0]
 
 
+@dataclass(frozen=True)
+class InPlace:
+    """Zero-copy decode: where a routed expert's slot is not ready, the expert is read in place
+    from row `expert` of the host bank (slot `num_slots + expert` of the work list; see
+    moe_pairs) and counted in `misses`. A slot is ready once `ready[slot]` holds the expert's
+    code, `code_base + expert`, which the copy engine writes there behind the expert's data.
+    On CUDA the plan waits a bounded time for a slot whose copy is still queued (`wait`)."""
+
+    num_slots: int
+    misses: torch.Tensor  # [1] int64, on the device
+    ready: torch.Tensor  # [N] int32: the code of the expert each slot's data holds
+    code_base: int  # layer * experts per layer
+    wait: bool = True
+
+
 def block_m_for(rows: int) -> int:
     return max(MIN_BLOCK_M, 1 << max(rows - 1, 0).bit_length())
 
@@ -67,20 +82,31 @@ def blocks_on_device(
     )  # fmt: skip
 
 
-def plan_blocks(ids, weights, table=None, backend: str = "torch") -> PairBlocks:
+def plan_blocks(
+    ids, weights, table=None, backend: str = "torch", in_place: InPlace | None = None
+) -> PairBlocks:
     """The decode work list from the router's ids [T, K] and weights [T, K], no host sync:
-    slot = table[expert] (a cache's slot table row) or the expert id itself (table None).
-    One Triton program on CUDA; blocks_on_device's torch ops elsewhere (the same list)."""
+    slot = table[expert] (a cache's slot table row) or the expert id itself (table None);
+    with `in_place` (zero-copy decode), an expert whose slot is none or not ready gets its row
+    of the host store instead. One Triton program on CUDA; blocks_on_device's torch ops
+    elsewhere (the same list; they do not wait for a queued copy)."""
     if backend != "triton":
         slots = ids if table is None else table[ids]
-        return blocks_on_device(slots, weights, None if table is None else ids)
+        if in_place is not None:
+            code = ids.to(torch.int32) + in_place.code_base
+            ready = (slots >= 0) & (in_place.ready[slots.clamp(min=0)] == code)
+            slots = torch.where(ready, slots, ids.to(slots.dtype) + in_place.num_slots)
+        blocks = blocks_on_device(slots, weights, None if table is None else ids)
+        if in_place is not None:
+            in_place.misses.add_((blocks.block_slot >= in_place.num_slots).sum())
+        return blocks
     from ft.engine.fused_triton import plan_pairs
 
     p, dev = ids.numel(), ids.device
     tok = torch.empty(p, dtype=torch.long, device=dev)
     slot, block_start, block_slot = (torch.empty(p, dtype=torch.int32, device=dev) for _ in "sbo")
     weight = torch.empty(p, dtype=weights.dtype, device=dev)
-    plan_pairs(ids, weights, table, tok, slot, weight, block_start, block_slot)
+    plan_pairs(ids, weights, table, tok, slot, weight, block_start, block_slot, in_place)
     return PairBlocks(tok, slot, weight, block_start, block_slot, block_m_for(p))
 
 
@@ -106,14 +132,16 @@ def blocks_from_groups(groups, slots: list[int], device) -> PairBlocks:
     )  # fmt: skip
 
 
-def moe_pairs(x, bank: dict, blocks: PairBlocks, backend: str, fmt: str) -> torch.Tensor:
+def moe_pairs(x, bank: dict, blocks: PairBlocks, backend: str, fmt: str, host=None) -> torch.Tensor:
     """-> y [P, D] float32: weight * FFN_slot(x[tok]) per pair row (0 where the slot is -1).
-    `bank`: part name -> [N, ...] in expert format `fmt`."""
+    `bank`: part name -> [N, ...] in expert format `fmt`; `host` (zero-copy decode): a bank
+    of the same format, part -> [E, ...] in pinned host memory: slot N + e reads its expert e
+    there, in place."""
     if backend == "triton":
         from ft.engine.experts.triton_moe import triton_moe_pairs
 
-        return triton_moe_pairs(x, bank, blocks, fmt)
-    return torch_moe_pairs(x, bank, blocks, fmt)
+        return triton_moe_pairs(x, bank, blocks, fmt, host)
+    return torch_moe_pairs(x, bank, blocks, fmt, host)
 
 
 def reduce_pairs(blocks: PairBlocks, y: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -123,11 +151,12 @@ def reduce_pairs(blocks: PairBlocks, y: torch.Tensor, tokens: int) -> torch.Tens
     return acc.index_add_(0, blocks.tok, y)
 
 
-def torch_moe_pairs(x, bank: dict, blocks: PairBlocks, fmt: str) -> torch.Tensor:
+def torch_moe_pairs(x, bank: dict, blocks: PairBlocks, fmt: str, host=None) -> torch.Tensor:
     """The torch backend: one small matmul pair per active block (host loop over blocks). A
     block's live rows are one contiguous run, as pairs are sorted by slot. The block's slot is
-    dequantised to x's dtype first (bf16 weights in x's dtype: no copy)."""
-    form = get_format(fmt)
+    dequantised to x's dtype first (bf16 weights in x's dtype: no copy); slot N + e, with a
+    host bank, is that bank's expert e."""
+    form, num_slots = get_format(fmt), bank["w13"].shape[0]
     y = torch.zeros(blocks.num_pairs, x.shape[1], dtype=torch.float32, device=x.device)
     slots = blocks.slot.tolist()  # free on the CPU; a sync on CUDA (Triton is the CUDA path)
     for start, slot in zip(blocks.block_start.tolist(), blocks.block_slot.tolist(), strict=True):
@@ -136,7 +165,11 @@ def torch_moe_pairs(x, bank: dict, blocks: PairBlocks, fmt: str) -> torch.Tensor
         end = start
         while end < min(start + blocks.block_m, len(slots)) and slots[end] == slot:
             end += 1
-        w13, w2 = form.slot_weights(bank, slot, x.dtype)  # [2I, D], [D, I]
+        if slot < num_slots:
+            w13, w2 = form.slot_weights(bank, slot, x.dtype)  # [2I, D], [D, I]
+        else:
+            w13, w2 = form.slot_weights(host, slot - num_slots, x.dtype)  # read in place
+            w13, w2 = w13.to(x.device), w2.to(x.device)  # (CUDA with FT_MOE_KERNEL=torch)
         gate, up = F.linear(x[blocks.tok[start:end]], w13).chunk(2, dim=-1)  # [n, I] each
         h = F.linear(F.silu(gate) * up, w2)  # [n, D]
         y[start:end] = h * blocks.weight[start:end, None].to(h.dtype)

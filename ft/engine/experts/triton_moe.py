@@ -169,16 +169,32 @@ def _finish(acc, s_ptr, s2_ptr, srow, stride_sr, col_ok, HALF: tl.constexpr, FMT
 
 
 @triton.jit
+def _bases(w_ptr, s_ptr, s2_ptr, slot, NSLOT, host_w, host_s, host_s2, stride_ws, stride_ss,
+           stride_s2):  # fmt: skip
+    """The block's expert in the bank: slot < NSLOT is a cache slot; NSLOT + e is expert e of
+    the host bank (zero-copy decode), `host_*` element offsets from each bank part to it."""
+    in_host = slot >= NSLOT
+    e = tl.where(in_host, slot - NSLOT, slot)
+    w_base = w_ptr + (e * stride_ws + tl.where(in_host, host_w, 0))
+    s_base = s_ptr + (e * stride_ss + tl.where(in_host, host_s, 0))
+    s2_base = s2_ptr + (e * stride_s2 + tl.where(in_host, host_s2, 0))
+    return w_base, s_base, s2_base
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, tok_ptr, slot_ptr, bstart_ptr, bslot_ptr,
     P, D, INTER, stride_x, stride_ws, stride_wr, stride_ss, stride_sr, stride_s2, stride_h,
+    NSLOT, host_w, host_s, host_s2,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FMT: tl.constexpr, CDT: tl.constexpr,
     PREC: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     rows, tok, slot, live = _rows(tok_ptr, slot_ptr, bstart_ptr, bslot_ptr, tl.program_id(0), P, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] over I
     col_ok = cols < INTER * tl.max(live.to(tl.int32), 0)  # a dead block reads no weights
-    w_base, s_base = w_ptr + slot * stride_ws, s_ptr + slot * stride_ss
+    w_base, s_base, s2_base = _bases(
+        w_ptr, s_ptr, s2_ptr, slot, NSLOT, host_w, host_s, host_s2, stride_ws, stride_ss, stride_s2
+    )
     s_gate, s_up = _srow(cols, 0, INTER, FMT), _srow(cols, 1, INTER, FMT)
     acc_gate = tl.zeros((BM, BN), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
@@ -191,7 +207,6 @@ def _gate_up_kernel(
             x_ptr, tok, stride_x, live, w_base, cols + INTER, stride_wr, s_base, s_up, stride_sr,
             col_ok, k0, D, BM, BN, BK, FMT, CDT, PREC, F32,
         )  # fmt: skip
-    s2_base = s2_ptr + slot * stride_s2
     acc_gate = _finish(acc_gate, s_base, s2_base, s_gate, stride_sr, col_ok, 0, FMT)
     acc_up = _finish(acc_up, s_base, s2_base, s_up, stride_sr, col_ok, 1, FMT)
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up
@@ -204,13 +219,16 @@ def _gate_up_kernel(
 def _down_kernel(
     h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, weight_ptr, tok_ptr, slot_ptr, bstart_ptr, bslot_ptr,
     P, D, INTER, stride_h, stride_ws, stride_wr, stride_ss, stride_sr, stride_s2, stride_y,
+    NSLOT, host_w, host_s, host_s2,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FMT: tl.constexpr, CDT: tl.constexpr,
     PREC: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     rows, tok, slot, live = _rows(tok_ptr, slot_ptr, bstart_ptr, bslot_ptr, tl.program_id(0), P, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] over D
     col_ok = cols < D * tl.max(live.to(tl.int32), 0)
-    w_base, s_base = w_ptr + slot * stride_ws, s_ptr + slot * stride_ss
+    w_base, s_base, s2_base = _bases(
+        w_ptr, s_ptr, s2_ptr, slot, NSLOT, host_w, host_s, host_s2, stride_ws, stride_ss, stride_s2
+    )
     srow = _srow(cols, 0, INTER, FMT)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, INTER, BK):
@@ -218,7 +236,7 @@ def _down_kernel(
             h_ptr, rows, stride_h, live, w_base, cols, stride_wr, s_base, srow, stride_sr,
             col_ok, k0, INTER, BM, BN, BK, FMT, CDT, PREC, F32,
         )  # fmt: skip
-    acc = _finish(acc, s_base, s2_ptr + slot * stride_s2, srow, stride_sr, col_ok, 0, FMT)
+    acc = _finish(acc, s_base, s2_base, srow, stride_sr, col_ok, 0, FMT)
     weight = tl.load(weight_ptr + rows, mask=live, other=0.0).to(tl.float32)
     tl.store(
         y_ptr + rows[:, None] * stride_y + cols[None, :],
@@ -257,13 +275,33 @@ def _as_bytes(part: torch.Tensor) -> torch.Tensor:
     return part.view(torch.uint8) if part.dtype == torch.float8_e4m3fn else part
 
 
-def triton_moe_pairs(x: torch.Tensor, bank: dict, blocks, fmt: str) -> torch.Tensor:
+def _host_offsets(bank: dict, host: dict | None, name: str, fmt: str) -> tuple[int, int, int]:
+    """Element offsets from one weight's bank operands (w, scale, scale_2) to the host bank's
+    (zero-copy decode; 0 without one): the kernels add them to reach expert e in place. The
+    two banks must lay an expert out alike (same strides past the leading one)."""
+    if host is None:
+        return 0, 0, 0
+    offsets = []
+    for suffix in ("", *SCALES[fmt]):
+        part, far = _as_bytes(bank[name + suffix]), _as_bytes(host[name + suffix])
+        if part.stride() != far.stride() or part.dtype != far.dtype:
+            raise FtError(f"host bank part {name + suffix} is laid out unlike the cache's")
+        gap = far.data_ptr() - part.data_ptr()
+        assert gap % part.element_size() == 0, "banks are aligned to their elements"
+        offsets.append(gap // part.element_size())
+    return tuple(offsets + [0, 0])[:3]  # type: ignore[return-value]
+
+
+def triton_moe_pairs(x: torch.Tensor, bank: dict, blocks, fmt: str, host=None) -> torch.Tensor:
     """-> y [P, D] float32 (0 on rows no live block covers). Two kernel launches. bank: part
-    name -> [N, ...] per the contract ("w13", "w2" and the format's scales)."""
+    name -> [N, ...] per the contract ("w13", "w2" and the format's scales); host (zero-copy
+    decode): the same parts [E, ...] in pinned host memory, which slot N + e reads in place."""
     if fmt not in TILES:
         raise FtError(f"unknown expert format {fmt!r} (one of {', '.join(TILES)})")
     w13, s13, s2_13, strides13 = _operands(bank, "w13", fmt)
     w2, s2, s2_2, strides2 = _operands(bank, "w2", fmt)
+    nslot = w13.shape[0]
+    host13, host2 = (_host_offsets(bank, host, n, fmt) for n in ("w13", "w2"))
     P, D = blocks.num_pairs, x.shape[1]  # noqa: N806
     inter, nb, bm = w13.shape[1] // 2, blocks.block_start.shape[0], blocks.block_m
     x = x.contiguous()
@@ -276,10 +314,10 @@ def triton_moe_pairs(x: torch.Tensor, bank: dict, blocks, fmt: str) -> torch.Ten
     gu, dn = tiles_for(fmt, bm, x.dtype)
     _gate_up_kernel[(nb, triton.cdiv(inter, gu["BN"]))](
         x, w13, s13, s2_13, h, *meta, P, D, inter, x.stride(0), *strides13, h.stride(0),
-        **const, **gu,
+        nslot, *host13, **const, **gu,
     )  # fmt: skip
     _down_kernel[(nb, triton.cdiv(D, dn["BN"]))](
         h, w2, s2, s2_2, y, blocks.weight, *meta, P, D, inter, h.stride(0), *strides2,
-        y.stride(0), **const, **dn,
+        y.stride(0), nslot, *host2, **const, **dn,
     )  # fmt: skip
     return y

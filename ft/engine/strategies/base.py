@@ -25,6 +25,10 @@ class MoeStrategy:
     # and the experts' compute after it (`compute`) never waits for the host: the step is one
     # CUDA graph per stretch between stops (ft.engine.graphs).
     host_stop = False
+    # True: decode never waits for the host: the step is one CUDA graph, and the host follows it
+    # layer by layer (`follow`, given each layer's routing as the graph writes it) to fetch
+    # for later layers and tokens (offload --moe-zero-copy; ft.engine.graphs)
+    host_follows = False
 
     def __init__(self, store: HostExpertStore, device: torch.device | str = "cpu"):
         self.store = store
@@ -62,10 +66,15 @@ class MoeStrategy:
         """The layer's experts on the device, no host sync: -> [T, D]."""
         raise NotImplementedError
 
-    def run_blocks(self, x, bank, blocks: PairBlocks) -> torch.Tensor:
+    def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple]) -> None:
+        """host_follows strategies: the GPU has routed `layer` (topk_ids [T][K]) and finished
+        the layers before it; guesses: (later layer, ids [T][K]) nearest first."""
+        raise NotImplementedError
+
+    def run_blocks(self, x, bank, blocks: PairBlocks, host=None) -> torch.Tensor:
         """-> [T, D] float32: each token's pairs of the work list, computed from a bank of
-        slots and summed, no host sync."""
-        y = moe_pairs(x, bank, blocks, self.kernel, self.fmt)  # [P, D]
+        slots (or in place from a `host` bank: moe_pairs) and summed, no host sync."""
+        y = moe_pairs(x, bank, blocks, self.kernel, self.fmt, host)  # [P, D]
         return reduce_pairs(blocks, y, x.shape[0])
 
     def compute_groups(self, x, bank, groups, slots: list[int], out) -> None:

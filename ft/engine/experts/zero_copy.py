@@ -1,0 +1,125 @@
+"""The expert cache of zero-copy decode (`--moe-zero-copy`): the GPU never waits for the host.
+
+The decode step is one CUDA graph. Each MoE layer's expert kernels read an expert from its
+cache slot where the slot table names one whose data has landed, else straight from the pinned
+host store (zero-copy: across PCIe, through the pages' device address). The host follows the
+GPU through the step: as each layer's routing lands in pinned memory (`graphs.StopRows`),
+`follow` marks its uses (LRU) and queues copies into slots, nearest layer first, of the experts
+that the next layers' routers guess and then of the ones this layer missed (for the next
+token). Three rules keep the GPU from reading a slot that is being written:
+
+- a slot's data counts as landed only once `ready[slot]` holds the expert's code, which the
+  copy engine writes there behind the data, on the same stream (`_load`); the work-list kernel
+  checks it, and waits a bounded time for a copy still queued (grouped.InPlace);
+- a slot is taken only from a layer the GPU has finished in this step (at `follow(layer)`:
+  every layer before it), so no kernel is reading it;
+- its table entry is cleared at once, from the host, so the next step reads that expert in
+  place until it is copied in again.
+
+A few slots are kept free (`reserve`) for the copies of a step's first layers, which no layer
+finished yet can give a slot to. Outside `follow` (prefill, which fetches on demand and waits
+for its copies), the cache works as offload's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import torch
+
+from ft.engine.experts.cache import ExpertCache
+
+RESERVE = 8  # free slots for a step's first layers: no finished layer can give them one yet
+RING = 4096  # staging entries of the ready marks: one per copy, reused RING copies later
+
+Key = tuple[int, int]  # (layer, expert)
+
+
+class ZeroCopyCache(ExpertCache):
+    def __init__(self, store, num_slots: int, device, prefetch_window: int = 0):
+        super().__init__(store, num_slots, device, prefetch_window)
+        self.reserve = min(RESERVE, num_slots // 2)
+        self._finished: int | None = None  # inside follow(): layers below it are done this step
+        self._later: deque[Key] = deque()  # misses held for the next token, after the guesses
+        # [N] the code (layer * E + expert) of the expert whose data each slot holds
+        self.ready = torch.full((num_slots,), -1, dtype=torch.int32, device=self.device)
+        cuda = self.device.type == "cuda"
+        self._marks = torch.empty(RING, dtype=torch.int32, pin_memory=cuda)  # copies' sources
+        self._mark_items, self._copies = self._marks.numpy(), 0
+
+    def code(self, layer: int, expert: int) -> int:
+        """What `ready[slot]` holds once the slot has this expert's data."""
+        return layer * self.store.num_experts + expert
+
+    def follow(self, layer: int, experts: list[int], guesses: list[tuple[int, list[int]]]) -> None:
+        """The GPU has routed `layer` to `experts` and finished every layer before it: mark
+        the uses (LRU), then queue copies of the guessed experts of later layers (`guesses`:
+        (layer, experts) each, nearest first) and, after those, of this layer's misses, for
+        the next token. Within the prefetch window, what waits is held on the host: the
+        guesses first, the misses after; both are dropped once their layer is routed again."""
+        self._finished = layer
+        try:
+            known = lambda held: deque(key for key in held if key[0] != layer)  # noqa: E731
+            self._held, self._later = known(self._held), known(self._later)
+            missing = []
+            for expert in experts:
+                key = (layer, expert)
+                if key not in self._slot_of:
+                    missing.append(expert)
+                    continue
+                self._slot_of.move_to_end(key)  # most recently used
+                if key in self._prefetched_keys:
+                    self._prefetched_keys.discard(key)
+                    self.prefetch_hits += 1
+            self._refill()
+            for later, guessed in guesses:
+                self.prefetch(later, guessed, keep_layer=layer)
+            if not self.window:
+                self._submit(layer, missing, keep_layer=layer)
+                return
+            self._later.extend((layer, e) for e in missing)
+            self._feed(keep_layer=layer)
+        finally:
+            self._finished = None
+
+    def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:
+        """As offload's, then the slot's ready mark, queued behind the data on its stream."""
+        slot = super()._load(layer, expert, non_blocking, stream)
+        i = self._copies = (self._copies + 1) % RING
+        self._mark_items[i] = self.code(layer, expert)
+        self.ready[slot].copy_(self._marks[i], non_blocking=non_blocking)
+        return slot
+
+    def _waiting(self) -> tuple[deque, ...]:
+        return (self._held, self._later)
+
+    def _track(self, layer: int, missing: list[int], done) -> None:
+        """Nothing: no compute waits on a prefetch's event here (the work list checks the
+        ready marks), and a demand copy waits for the whole prefetch stream (`_take_slot`)."""
+
+    def _refill(self) -> None:
+        """Free slots up to the reserve, from layers the GPU has finished."""
+        while len(self._free) < self.reserve:
+            key = next(self._victims(), None)
+            if key is None:
+                return
+            self._free.append(self._evict(key))
+
+    def _victims(self):
+        """Cached keys of the layers the GPU has finished in this step, least recent first."""
+        return (key for key in self._slot_of if key[0] < self._finished)
+
+    def _evictable(self, keep_layer: int, want: int) -> int:
+        if self._finished is None:
+            return super()._evictable(keep_layer, want)
+        count = min(len(self._free), want)
+        return count + sum(1 for _ in itertools.islice(self._victims(), want - count))
+
+    def _take_slot(self, stream=None) -> int:
+        if self._finished is not None:  # following: free slots first, then finished layers'
+            return self._free.pop() if self._free else self._evict(next(self._victims()))
+        if stream is not None and self._prefetch_stream is not None:
+            # a demand copy (prefill): a freed slot may still be written by a queued prefetch
+            stream.wait_stream(self._prefetch_stream)
+        return super()._take_slot(stream)

@@ -1,0 +1,256 @@
+"""offload --moe-zero-copy: a miss read in place from the host store, decode that never stops
+for the host, and the cache the host keeps warm as it follows the step (ft.engine.experts.
+zero_copy, ft.engine.strategies.zero_copy, graphs.follow_step / StopRows). On the CPU the
+"device" reads the same memory, so these check the logic; tests marked gpu check it on CUDA."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from ft.engine.config import EngineConfig
+from ft.engine.experts.grouped import InPlace, moe_pairs, plan_blocks, reduce_pairs
+from ft.engine.experts.zero_copy import ZeroCopyCache
+from ft.engine.graphs import Handoff, StopRows, cut_layers, follow_step, run_stretch
+from ft.engine.runner import LLMEngine, SamplingParams
+from ft.errors import FtError
+from tests.engine.test_expert_cache import copies, make_store  # noqa: F401  (a fixture)
+from tests.engine.test_runner import PROMPTS, run_all
+
+
+def engine(model_dir, device="cpu", **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model_dir), device=device, dtype="float32", **kw))
+
+
+def test_zero_copy_offload_decodes_like_resident_and_counts_what_it_read_in_place(synth_tiny):
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    resident = run_all(engine(synth_tiny[0]), PROMPTS, params)
+    zero_copy = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6, moe_zero_copy=True)
+    assert type(zero_copy.strategy).__name__ == "ZeroCopyOffloadStrategy"
+    assert run_all(zero_copy, PROMPTS, params) == resident  # batch 4, a cache of 6 slots
+    one = run_all(zero_copy, PROMPTS[:1], params)  # batch 1 on the warm cache
+    assert one == {0: resident[0]}
+    c = zero_copy.strategy.counters()
+    assert c["cache_hits"] + c["cache_misses"] == c["expert_uses"]
+    assert c["experts_in_place"] > 0 and c["cache_hits"] > 0  # some read in place, some cached
+    expert_bytes = zero_copy.strategy.store.expert_bytes
+    assert c["bytes_fetched"] == (c["experts_fetched"] + c["experts_in_place"]) * expert_bytes
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(moe_strategy="hybrid", moe_zero_copy=True), "--moe-zero-copy is offload's"),
+        (dict(moe_strategy="resident", moe_zero_copy=True), "--moe-zero-copy is offload's"),
+    ],
+)
+def test_zero_copy_is_offload_s(settings, message):
+    with pytest.raises(FtError, match=message):
+        EngineConfig(model="m", device="cpu", **settings)
+    assert not EngineConfig(model="m", device="cpu", moe_strategy="offload").zero_copy
+
+
+def test_a_slot_not_ready_is_read_in_place_and_counted_once():
+    n, gen = 3, torch.Generator().manual_seed(0)
+    store = make_store(layers=2, experts=6)
+    bank, layer, experts = store.banks[1], 1, 6
+    slots = {k: torch.randn((n, *v.shape[1:]), generator=gen) for k, v in bank.items()}
+    for slot, expert in enumerate([4, 0, 2]):  # experts 4, 0, 2 have slots; 1, 3, 5 have none
+        for k in slots:
+            slots[k][slot] = bank[k][expert]
+    table = torch.tensor([1, -1, 2, -1, 0, -1], dtype=torch.int32)
+    ready = torch.tensor([4, 0, 99], dtype=torch.int32) + layer * experts  # slot 2: not landed
+    ids = torch.tensor([[1, 4], [3, 1], [0, 2]])  # expert 1 routed twice: one miss
+    weights = torch.rand(3, 2, generator=gen)
+    misses = torch.zeros(1, dtype=torch.long)
+    in_place = InPlace(n, misses, ready, layer * experts)
+    blocks = plan_blocks(ids, weights, table, "torch", in_place)
+    expected_slots = [n + 1, 0, n + 3, n + 1, 1, n + 2]  # expert 2's slot is not ready
+    assert sorted(blocks.slot.tolist()) == sorted(expected_slots)
+    assert int(misses) == 3  # experts 1, 3 and 2
+    x = torch.randn(3, 8, generator=gen)
+    got = reduce_pairs(blocks, moe_pairs(x, slots, blocks, "torch", "bf16", host=bank), 3)
+    whole = plan_blocks(ids, weights, None, "torch")  # slot = expert: all from the store
+    expected = reduce_pairs(whole, moe_pairs(x, bank, whole, "torch", "bf16"), 3)
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_copy_marks_its_slot_ready_with_the_expert_s_code():
+    cache = ZeroCopyCache(make_store(layers=3, experts=8), 4, "cpu")
+    cache.follow(0, [1], [(1, [2, 3])])  # the guesses of layer 1, then layer 0's miss
+    for layer, expert in [(1, 2), (1, 3), (0, 1)]:
+        assert int(cache.ready[cache.slot_of(layer, expert)]) == cache.code(layer, expert)
+    assert cache.code(2, 5) == 2 * 8 + 5
+
+
+def test_following_takes_slots_only_from_layers_the_gpu_has_finished(copies):  # noqa: F811
+    cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu")
+    assert cache.reserve == 3
+    cache.ensure(3, [0, 1])  # prefill: LRU order (3,0) (3,1) (0,0) (0,1) (1,0) (2,0)
+    cache.ensure(0, [0, 1])
+    cache.ensure(1, [0])
+    cache.ensure(2, [0])
+    cache.follow(2, [0], [(3, [5, 6])])  # layers 0 and 1 are finished, 2 and 3 are not
+    assert cache.slot_of(3, 0) is not None and cache.slot_of(3, 1) is not None  # oldest: kept
+    assert [cache.slot_of(0, e) for e in (0, 1)] == [None, None]
+    assert cache.slot_of(1, 0) is None  # the reserve was refilled from layers 0 and 1
+    assert int(cache.slot_table[0, 0]) == -1  # the taken slots left the table at once
+    assert cache.slot_of(3, 5) is not None and cache.slot_of(3, 6) is not None
+    cache.follow(0, [7], [(1, [1, 2, 3, 4])])  # a step's first layer: no layer finished
+    assert cache.prefetched == 2 + 1  # one free slot left: the rest wait for a finished layer
+    assert cache.cached()[-1] == (1, 1)
+
+
+def test_a_window_feeds_the_guesses_before_the_misses_and_drops_what_is_known(copies):  # noqa: F811
+    cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", prefetch_window=1)
+    cache.follow(0, [1, 2], [(1, [3]), (2, [4])])
+    assert cache.cached() == [(1, 3)]  # one copy at a time: the nearest guess first
+    assert cache.held == [(2, 4)] and list(cache._later) == [(0, 1), (0, 2)]
+    copies.finish()
+    cache.follow(1, [3], [(2, [4]), (3, [5])])  # layer 1 routed: its guess was right
+    assert cache.prefetch_hits == 1 and cache.slot_of(2, 4) is not None
+    assert cache.held == [(3, 5)] and list(cache._later) == [(0, 1), (0, 2)]
+    copies.finish()
+    cache.follow(0, [6], [])  # layer 0 again: its held misses are dropped, its new one held
+    assert cache.slot_of(3, 5) is not None  # the guess went before layer 0's misses
+    assert list(cache._later) == [(0, 6)] and cache.slot_of(0, 1) is None
+
+
+class LazyDevice:
+    """Plays the GPU for follow_step on the CPU: stretch k runs only when the host first waits
+    for cut k's rows, so the host sees the GPU ahead of it only where the test says."""
+
+    def __init__(self, model, cuts, buffers, inputs, rows: StopRows, ahead: int = 0):
+        self.model, self.cuts, self.buffers, self.inputs = model, cuts, buffers, inputs
+        self.rows, self.ran, self.ahead, self.out = rows, -1, ahead, None
+        self.width = rows.width
+
+    def run_to(self, k):
+        while self.ran < min(k, len(self.cuts)):
+            j = self.ran + 1
+            stop = self.rows.device[j, : self.inputs[0].shape[0]] if j < len(self.cuts) else None
+            src, dst = self.buffers[j % 2], self.buffers[(j + 1) % 2]
+            self.out = run_stretch(self.model, self.cuts, j, src, dst, self.inputs, stop)
+            self.ran = j
+
+    def launch(self):
+        self.run_to(self.ahead)
+        return self
+
+    def wait(self, k, b, width):
+        self.run_to(k + self.ahead)
+        return self.rows.wait(k, b, width)
+
+    def ready(self, k, b):
+        return self.rows.ready(k, b)
+
+
+def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_tiny):
+    from tests.engine.test_graphs import decode_batch
+
+    zero_copy = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6, moe_zero_copy=True)
+    model, strategy = zero_copy.model, zero_copy.strategy
+    batch = decode_batch(zero_copy)
+    cuts = cut_layers(model, strategy)
+    assert cuts == zero_copy.model_config.moe_layers and strategy.prefetch_depth == 2
+    followed = []
+    real_follow = strategy.follow
+    strategy.follow = lambda *a: followed.append(a) or real_follow(*a)
+    results = []
+    for ahead in (0, 1):  # the GPU level with the host; one cut ahead of it
+        width = (1 + strategy.prefetch_depth) * model.cfg.top_k
+        rows = StopRows(len(cuts), 4, width, "cpu")
+        buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu", 2) for _ in range(2)]
+        inputs = (batch.token_ids, batch.positions, batch.slots, 64)
+        device = LazyDevice(model, cuts, buffers, inputs, rows, ahead)
+        followed.clear()
+        out = follow_step(strategy, cuts, device, 3, device.launch)
+        device.run_to(len(cuts))  # the rest of the step
+        results.append(device.out)
+        assert [f[0] for f in followed] == cuts  # every cut, in order
+        guessed = [[later for later, _ in f[2]] for f in followed]
+        if ahead == 0:  # guesses of the next two cuts, nearest first
+            assert guessed == [cuts[k + 1 : k + 3] for k in range(len(cuts))]
+        else:  # the next cut is routed already: its guess would come too late
+            assert guessed == [cuts[k + 2 : k + 3] for k in range(len(cuts))]
+        assert out is device and (rows.host < 0).all()  # every row read and reset
+    expected = model.forward(batch)
+    for logits in results:
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_stop_rows_are_waited_for_read_once_and_time_out(monkeypatch):
+    rows = StopRows(2, 2, 3, "cpu")
+    assert not rows.ready(0, 1)
+
+    def device():
+        time.sleep(0.05)
+        rows.device[0, :2] = torch.tensor([[1, 2, 3], [4, 5, 6]])
+
+    writer = threading.Thread(target=device)
+    writer.start()
+    assert rows.wait(0, 2, 3) == [[1, 2, 3], [4, 5, 6]]
+    writer.join()
+    assert not rows.ready(0, 2)  # reset for the next step
+    monkeypatch.setattr(StopRows, "TIMEOUT_S", 0.05)
+    with pytest.raises(FtError, match="routing of MoE cut 1 did not arrive"):
+        rows.wait(1, 1, 3)
+
+
+@pytest.mark.gpu
+def test_the_kernels_read_a_miss_in_place_on_cuda():
+    store = make_store(layers=1, experts=6, hidden=256, inter=128)  # pinned: CUDA is present
+    bank = store.banks[0]
+    slots = {k: torch.zeros((3, *v.shape[1:]), device="cuda") for k, v in bank.items()}
+    for slot, expert in enumerate([4, 0, 2]):
+        for k in slots:
+            slots[k][slot] = bank[k][expert].cuda()
+    table = torch.tensor([1, -1, 2, -1, 0, -1], dtype=torch.int32, device="cuda")
+    ready = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")  # layer 0: code = expert
+    ids = torch.tensor([[1, 4], [3, 1], [0, 5]], device="cuda")
+    weights = torch.rand(3, 2, device="cuda")
+    x = torch.randn(3, 256, device="cuda")
+    counter = torch.zeros(1, dtype=torch.long, device="cuda")
+    blocks = plan_blocks(ids, weights, table, "triton", InPlace(3, counter, ready, 0))
+    got = reduce_pairs(blocks, moe_pairs(x, slots, blocks, "triton", "bf16", host=bank), 3)
+    resident = {k: v.cuda() for k, v in bank.items()}
+    whole = plan_blocks(ids, weights, None, "triton")
+    expected = reduce_pairs(whole, moe_pairs(x, resident, whole, "triton", "bf16"), 3)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert int(counter) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+def test_zero_copy_decodes_like_resident_on_cuda(synth_tiny, monkeypatch, graphs):
+    from tests.engine.test_graphs import generate
+
+    resident, _ = generate(synth_tiny[0], monkeypatch, graphs=False)
+    config = dict(moe_strategy="offload", moe_cache_size=14, moe_zero_copy=True)  # evicts
+    got, stats = generate(synth_tiny[0], monkeypatch, graphs=graphs, **config)
+    assert got == resident
+    assert stats.cache_hits + stats.cache_misses == stats.expert_uses
+    assert stats.cache_misses > 0 and stats.experts_fetched > 0
+
+
+@pytest.mark.gpu
+def test_the_plan_waits_for_a_queued_copy_and_reads_in_place_past_its_bound():
+    """A slot whose ready mark lands while the work-list kernel polls is used; one whose mark
+    never lands is read in place once the kernel stops polling."""
+    table = torch.tensor([0, 1, -1, -1], dtype=torch.int32, device="cuda")
+    ready = torch.tensor([-1, -1], dtype=torch.int32, device="cuda")  # neither landed yet
+    ids, weights = torch.tensor([[0, 1]], device="cuda"), torch.rand(1, 2, device="cuda")
+    misses = torch.zeros(1, dtype=torch.long, device="cuda")
+    big = torch.empty(32 << 20, dtype=torch.uint8).pin_memory()  # ~0.6 ms of copy ahead
+    side, mark = torch.cuda.Stream(), torch.tensor([0], dtype=torch.int32).pin_memory()
+    scratch = torch.empty_like(big, device="cuda")
+    with torch.cuda.stream(side):  # slot 0's mark lands behind a long copy; slot 1's never
+        scratch.copy_(big, non_blocking=True)
+        ready[:1].copy_(mark, non_blocking=True)
+    blocks = plan_blocks(ids, weights, table, "triton", InPlace(4, misses, ready, 0))
+    torch.cuda.synchronize()
+    assert sorted(blocks.slot.tolist()) == [0, 4 + 1]  # waited for slot 0; expert 1 in place
+    assert int(misses) == 1
