@@ -9,7 +9,8 @@ H200 box (round P), so settings are compared within one process, each run severa
 --variants: environments to compare (each engine is built under its variables), e.g.
 "sdpa:FT_DECODE_ATTENTION=sdpa;triton:FT_DECODE_ATTENTION=triton"; default one, unchanged.
 Pseudo-variables set the engine instead: STRATEGY=NAME (another strategy than --strategy's),
-WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread).
+WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1 (--moe-zero-copy), DEPTH=N
+(--moe-prefetch-depth, instead of --depths), RATE=R (--moe-cache-rate, instead of --cache-rate).
 One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms,
 the per-step counters, and the host's state over the run (`host`: the process's involuntary
 context switches, the CPU its main thread ended on, the GPU's SM clock after it), to tell what
@@ -32,7 +33,13 @@ from ft.bench import decode
 from ft.bench.roofline import bandwidths
 from ft.engine.config import EngineConfig
 
-KEYS = ("cache_misses", "experts_fetched", "experts_prefetched", "prefetch_hits")
+KEYS = (
+    "cache_misses",
+    "experts_fetched",
+    "experts_prefetched",
+    "prefetch_hits",
+    "experts_in_place",
+)
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
@@ -56,7 +63,8 @@ def environment(env: dict[str, str]):
 
 def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
     """A variant's pseudo-variables -> (the real environment, the engine settings they give):
-    STRATEGY=NAME, WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread)."""
+    STRATEGY=NAME, WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1
+    (--moe-zero-copy), DEPTH=N (--moe-prefetch-depth), RATE=R (--moe-cache-rate)."""
     env, settings = dict(env), {}
     if "STRATEGY" in env:
         settings["strategy"] = env.pop("STRATEGY")
@@ -64,6 +72,12 @@ def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
         settings["moe_prefetch_window"] = int(env.pop("WINDOW"))
     if "PIN" in env:
         settings["pin_engine_thread"] = env.pop("PIN") == "1"
+    if "ZC" in env:
+        settings["moe_zero_copy"] = env.pop("ZC") == "1"
+    if "DEPTH" in env:
+        settings["moe_prefetch_depth"] = int(env.pop("DEPTH"))
+    if "RATE" in env:
+        settings["moe_cache_rate"] = float(env.pop("RATE"))
     return env, settings
 
 
@@ -113,6 +127,7 @@ def main() -> None:
     ):
         env, settings = engine_vars(env)
         strategy = settings.pop("strategy", strategy)
+        depth = settings.pop("moe_prefetch_depth", depth)
         trace = args.trace and os.path.join(args.trace, f"r{repeat}-{strategy}-d{depth}-{name}")
         run = dataclasses.replace(
             cfg, strategies=(strategy,), moe_prefetch_depth=depth, trace=trace, **settings
