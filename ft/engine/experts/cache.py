@@ -100,8 +100,7 @@ class ExpertCache:
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
         """Slots holding these experts of `layer`, fetching the misses. len(experts) <= slots."""
         assert len(experts) <= self.num_slots, "dispatch chunks experts to the cache size"
-        if self._held:  # guesses for this layer still on the host: its routing is known now
-            self._held = deque(key for key in self._held if key[0] != layer)
+        self._drop_held(layer)
         slots: list[int | None] = []
         missing = []
         for expert in experts:
@@ -150,6 +149,14 @@ class ExpertCache:
     def _waiting(self) -> tuple[deque, ...]:
         """The queues of experts held on the host, the first fed first."""
         return (self._held,)
+
+    def _drop_held(self, layer: int) -> None:
+        """Forget the experts of `layer` held on the host: its routing is known now."""
+        for held in self._waiting():
+            if any(key[0] == layer for key in held):
+                kept = [key for key in held if key[0] != layer]
+                held.clear()
+                held.extend(kept)
 
     @property
     def held(self) -> list[tuple[int, int]]:

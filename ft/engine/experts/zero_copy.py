@@ -60,8 +60,7 @@ class ZeroCopyCache(ExpertCache):
         guesses first, the misses after; both are dropped once their layer is routed again."""
         self._finished = layer
         try:
-            known = lambda held: deque(key for key in held if key[0] != layer)  # noqa: E731
-            self._held, self._later = known(self._held), known(self._later)
+            self._drop_held(layer)
             missing = []
             for expert in experts:
                 key = (layer, expert)

@@ -21,12 +21,13 @@ from ft.engine.strategies.base import MoeStrategy
 class OffloadStrategy(MoeStrategy):
     name = "offload"
     host_stop = True
+    cache_type = ExpertCache
 
     def __init__(
         self, store, device, num_slots: int, prefetch_depth: int = 2, prefetch_window: int = 0
     ):
         super().__init__(store, device)
-        self.cache = ExpertCache(store, num_slots, device, prefetch_window)
+        self.cache = self.cache_type(store, num_slots, device, prefetch_window)
         # at a stop, also fetch what the next layers' routers guess from this layer's input
         self.prefetch_depth = prefetch_depth
 

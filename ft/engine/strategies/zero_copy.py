@@ -24,19 +24,18 @@ from ft.engine.strategies.offload import OffloadStrategy
 class ZeroCopyOffloadStrategy(OffloadStrategy):
     host_stop = False
     host_follows = True
+    cache_type = ZeroCopyCache
 
     def __init__(
         self, store, device, num_slots: int, prefetch_depth: int = 2, prefetch_window: int = 0
     ):
-        MoeStrategy.__init__(self, store, device)
-        self.cache = ZeroCopyCache(store, num_slots, device, prefetch_window)
-        self.prefetch_depth = prefetch_depth  # how many later layers' guesses follow copies in
+        super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
         self._in_place = torch.zeros(1, dtype=torch.long, device=device)  # experts read in place
         self._followed_uses = 0  # expert uses at decode (prefill's are the cache's hits + misses)
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        if not self.decode_fits(topk_ids.numel()):
-            return MoeStrategy.forward(self, layer, x, topk_ids, topk_weights)  # grouped, fetched
+        if not self.decode_fits(topk_ids.numel()):  # prefill: grouped and fetched, as offload
+            return super().forward(layer, x, topk_ids, topk_weights)
         out = self.compute(layer, x, topk_ids, topk_weights)
         self.follow(layer, topk_ids.tolist(), [])  # eager decode: after the layer (a sync)
         return out
