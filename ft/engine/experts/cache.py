@@ -208,12 +208,16 @@ class ExpertCache:
             count += 1
         return count
 
-    def _wait_if_prefetched(self, key: tuple[int, int]) -> None:
+    def _used_prefetch(self, key: tuple[int, int]) -> bool:
+        """Whether key was prefetched and not used since: then it counts as a prefetch hit."""
         if key not in self._prefetched_keys:
-            return
+            return False
         self.prefetch_hits += 1
         self._prefetched_keys.discard(key)
-        if key in self._in_flight:
+        return True
+
+    def _wait_if_prefetched(self, key: tuple[int, int]) -> None:
+        if self._used_prefetch(key) and key in self._in_flight:
             self._wait_for_prefetch(key, torch.cuda.current_stream(self.device), compute=True)
 
     def _wait_for_prefetch(self, key: tuple[int, int], stream, compute: bool = False) -> None:

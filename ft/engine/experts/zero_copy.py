@@ -68,9 +68,7 @@ class ZeroCopyCache(ExpertCache):
                     missing.append(expert)
                     continue
                 self._slot_of.move_to_end(key)  # most recently used
-                if key in self._prefetched_keys:
-                    self._prefetched_keys.discard(key)
-                    self.prefetch_hits += 1
+                self._used_prefetch(key)  # no wait: the work list checks the ready marks
             self._refill()
             for later, guessed in guesses:
                 self.prefetch(later, guessed, keep_layer=layer)

@@ -49,7 +49,7 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         table = cache.slot_table[layer]  # [E] expert -> slot, -1: none (read in place)
         in_place = InPlace(cache.num_slots, self._in_place, cache.ready, cache.code(layer, 0))
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
-        return self.run_blocks(x, self.cache.bank, blocks, host=self.store.banks[layer])
+        return self.run_blocks(x, cache.bank, blocks, host=self.store.banks[layer])
 
     def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple]) -> None:
         """The GPU has routed `layer` (ids [T][K]) and finished the layers before it; guesses:
