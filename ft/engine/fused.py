@@ -19,59 +19,77 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE; x [T, N, d], cos/sin [T, 1, d] in x's dtype."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
 
-def add_rms_norm(h, delta, weight, eps: float, backend: str = "torch"):
-    """-> (h + delta, RMSNorm(h + delta)); delta None: h unchanged. h, delta [T, D]."""
+def add_rms_norm(h, delta, weight, eps: float, backend: str = "torch", out=None):
+    """-> (h + delta, RMSNorm(h + delta)); delta None: h unchanged. h, delta [T, D]. out: the
+    two [T, D] tensors to write them into (a decode stretch's handoff buffers)."""
     if backend == "triton" and delta is not None:
-        return _triton_add_rms_norm(h, delta, weight, eps)
+        return _triton_add_rms_norm(h, delta, weight, eps, out)
     if delta is not None:
         h = h + delta
-    return h, rms_norm(h, weight, eps)
+    x = rms_norm(h, weight, eps)
+    if out is None:
+        return h, x
+    out[0].copy_(h)
+    out[1].copy_(x)
+    return out
 
 
-def qk_norm_rope(qk, weight, cos, sin, eps: float, backend: str = "torch") -> torch.Tensor:
-    """RMSNorm over d (weight [N, d], None: no norm) then RoPE, for qk [T, N, d] -> [T, N, d]."""
+def qk_norm_rope(qk, weight, rope, positions, eps: float, backend: str = "torch") -> torch.Tensor:
+    """RMSNorm over d (weight [N, d], None: no norm) then RoPE at `positions` [T] (`rope`: an
+    attention.Rope), for qk [T, N, d] -> [T, N, d]. The Triton kernel gathers the tables' rows
+    itself; torch gathers them once per forward (Rope.tables)."""
     if backend == "triton" and weight is not None:
-        return _triton_qk_norm_rope(qk, weight, cos, sin, eps)
+        return _triton_qk_norm_rope(qk, weight, rope.cos, rope.sin, eps, positions)
+    cos, sin = rope.tables(positions, qk.dtype)
     if weight is not None:
         qk = rms_norm(qk, weight, eps)
-    return rope(qk, cos, sin)
+    return rotate(qk, cos, sin)
 
 
-def _triton_add_rms_norm(h, delta, weight, eps):
+def _triton_add_rms_norm(h, delta, weight, eps, out=None):
     from ft.engine import fused_triton
 
-    out_h, out_x = torch.empty_like(h), torch.empty_like(h)
+    out_h, out_x = out if out is not None else (torch.empty_like(h), torch.empty_like(h))
     fused_triton.add_rms_norm(h, delta, weight, out_h, out_x, eps)
     return out_h, out_x
 
 
-def _triton_qk_norm_rope(qk, weight, cos, sin, eps):
+def _triton_qk_norm_rope(qk, weight, cos, sin, eps, positions=None):
     from ft.engine import fused_triton
 
     out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)  # contiguous
-    fused_triton.qk_norm_rope(qk, weight, cos, sin, out, eps)
+    fused_triton.qk_norm_rope(qk, weight, cos, sin, out, eps, positions)
     return out
 
 
-def route_topk(logits, top_k: int, norm: bool, dtype, backend: str = "torch"):
-    """Softmax top-k of router logits [T, E] -> ids [T, K] int64, weights [T, K] in `dtype`
-    (softmax and the renormalisation in float32)."""
+def route_topk(logits, top_k: int, norm: bool, dtype, backend: str = "torch", routers=1, out=None):
+    """Softmax top-k of router logits [T, routers * E] (`routers` routers side by side, each
+    picked in turn) -> ids [T, routers * K] int64, the first router's weights [T, K] in `dtype`
+    (softmax and the renormalisation in float32). out: (ids, weights) to write into; ids' rows
+    may be longer (a handoff's stop columns)."""
+    T = logits.shape[0]  # noqa: N806
     if backend == "triton":
         from ft.engine import fused_triton
 
-        ids = torch.empty(logits.shape[0], top_k, dtype=torch.long, device=logits.device)
-        weights = torch.empty(ids.shape, dtype=dtype, device=logits.device)
-        fused_triton.route_topk(logits, top_k, norm, ids, weights)
-        return ids, weights
-    probs = F.softmax(logits, dim=-1, dtype=torch.float32)  # [T, E]
+        if out is None:
+            ids = torch.empty(T, routers * top_k, dtype=torch.long, device=logits.device)
+            out = (ids, torch.empty(T, top_k, dtype=dtype, device=logits.device))
+        fused_triton.route_topk(logits, top_k, norm, *out, routers)
+        return out
+    probs = F.softmax(logits.view(T, routers, -1), dim=-1, dtype=torch.float32)  # [T, R, E]
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if norm:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return ids, weights.to(dtype)
+    ids, weights = ids.view(T, routers * top_k), weights[:, 0].to(dtype)
+    if out is None:
+        return ids, weights
+    out[0][:, : ids.shape[1]].copy_(ids)
+    out[1].copy_(weights)
+    return out

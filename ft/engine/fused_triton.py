@@ -34,8 +34,8 @@ def _add_rms_norm_kernel(
 
 @triton.jit
 def _qk_norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, N, stride_xt, stride_xn, stride_c, eps,
-    HALF: tl.constexpr, DTYPE: tl.constexpr,
+    x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, N, stride_xt, stride_xn, stride_c, eps,
+    HALF: tl.constexpr, DTYPE: tl.constexpr, GATHER: tl.constexpr,
 ):  # fmt: skip
     t, n = tl.program_id(0), tl.program_id(1)
     lo = tl.arange(0, HALF)
@@ -47,10 +47,12 @@ def _qk_norm_rope_kernel(
     w2 = tl.load(w_ptr + n * 2 * HALF + HALF + lo).to(tl.float32)
     y1 = _round(w1 * _round(x1 * inv, DTYPE), DTYPE)
     y2 = _round(w2 * _round(x2 * inv, DTYPE), DTYPE)
-    c1 = tl.load(cos_ptr + t * stride_c + lo).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * stride_c + HALF + lo).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * stride_c + lo).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * stride_c + HALF + lo).to(tl.float32)
+    row = tl.load(pos_ptr + t) if GATHER else t  # GATHER: the tables' row at t's position
+    table = row * stride_c  # the tables in float32 or x's dtype: rounded to x's as torch's
+    c1 = _round(tl.load(cos_ptr + table + lo).to(tl.float32), DTYPE)
+    c2 = _round(tl.load(cos_ptr + table + HALF + lo).to(tl.float32), DTYPE)
+    s1 = _round(tl.load(sin_ptr + table + lo).to(tl.float32), DTYPE)
+    s2 = _round(tl.load(sin_ptr + table + HALF + lo).to(tl.float32), DTYPE)
     o1 = _round(y1 * c1, DTYPE) + _round(-y2 * s1, DTYPE)  # x * cos + rotate_half(x) * sin
     o2 = _round(y2 * c2, DTYPE) + _round(y1 * s2, DTYPE)
     out = out_ptr + (t * N + n) * 2 * HALF
@@ -70,24 +72,27 @@ def add_rms_norm(h, delta, weight, out_h, out_x, eps: float) -> None:
     )  # fmt: skip
 
 
-def qk_norm_rope(x, weight, cos, sin, out, eps: float) -> None:
+def qk_norm_rope(x, weight, cos, sin, out, eps: float, positions=None) -> None:
     """out [T, N, d] = RoPE(RMSNorm(x) * weight); x [T, N, d] with unit stride over d, weight
-    [N, d], cos/sin [T, 1, d]. d must be a power of two (128 in every preset)."""
+    [N, d], cos/sin [T, 1, d], or with `positions` [T] the whole tables [M, d], each token's
+    row gathered in the kernel (decode then launches no gather of its own). d must be a power
+    of two (128 in every preset)."""
     T, N, d = x.shape  # noqa: N806
     _qk_norm_rope_kernel[(T, N)](
-        x, weight, cos, sin, out, N, x.stride(0), x.stride(1), cos.stride(0), eps,
-        HALF=d // 2, DTYPE=_DTYPES[str(x.dtype)],
+        x, weight, cos, sin, positions if positions is not None else x, out, N, x.stride(0),
+        x.stride(1), cos.stride(0), eps, HALF=d // 2, DTYPE=_DTYPES[str(x.dtype)],
+        GATHER=positions is not None,
     )  # fmt: skip
 
 
 @triton.jit
 def _route_kernel(
-    logits_ptr, ids_ptr, w_ptr, E, stride_l,
+    logits_ptr, ids_ptr, w_ptr, E, stride_l, stride_i,
     K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, NORM: tl.constexpr, DTYPE: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0)  # one token
+    t, g = tl.program_id(0), tl.program_id(1)  # one token, one router of the group
     cols = tl.arange(0, BE)
-    z = tl.load(logits_ptr + t * stride_l + cols, mask=cols < E, other=float("-inf"))
+    z = tl.load(logits_ptr + t * stride_l + g * E + cols, mask=cols < E, other=float("-inf"))
     z = z.to(tl.float32)
     p = tl.exp(z - tl.max(z, axis=0))
     p = p / tl.sum(p, axis=0)  # softmax in float32
@@ -103,8 +108,9 @@ def _route_kernel(
         p = tl.where(cols == idx, -1.0, p)
     if NORM:
         vals = vals / tl.sum(vals, axis=0)
-    tl.store(ids_ptr + t * K + slots, idxs, mask=slots < K)
-    tl.store(w_ptr + t * K + slots, vals.to(DTYPE), mask=slots < K)
+    tl.store(ids_ptr + t * stride_i + g * K + slots, idxs, mask=slots < K)
+    first = (slots + g * KP) < K  # the first router's weights only
+    tl.store(w_ptr + t * K + slots, vals.to(DTYPE), mask=first)
 
 
 # polls of a queued copy's ready mark (~0.3 us each) before the expert is read in place instead
@@ -129,12 +135,13 @@ def _ready_slots(slot, key, ok, ready_ptr, CODE, WAIT: tl.constexpr):
 @triton.jit
 def _plan_kernel(
     ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, count_ptr,
-    ready_ptr, P, NSLOT, CODE, K: tl.constexpr, BP: tl.constexpr, TABLE: tl.constexpr,
+    ready_ptr, P, NSLOT, CODE, stride_ids, K: tl.constexpr, BP: tl.constexpr, TABLE: tl.constexpr,
     IN_PLACE: tl.constexpr, WAIT: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, BP)
     ok = i < P
-    key = tl.load(ids_ptr + i, mask=ok, other=2**30).to(tl.int32)  # padding sorts last
+    at = (i // K) * stride_ids + i % K  # ids [T, K] may be a strided view
+    key = tl.load(ids_ptr + at, mask=ok, other=2**30).to(tl.int32)  # padding sorts last
     if TABLE:  # volatile: the host may rewrite the table while a step runs (zero-copy decode)
         slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
     else:
@@ -155,12 +162,15 @@ def _plan_kernel(
     tl.store(bstart_ptr + i, i, mask=ok)
 
 
-def route_topk(logits, top_k: int, norm: bool, ids, weights) -> None:
-    """ids [T, K] int64, weights [T, K] (their dtype) = softmax top-k of logits [T, E]."""
-    T, E = logits.shape  # noqa: N806
-    _route_kernel[(T,)](
-        logits, ids, weights, E, logits.stride(0), K=top_k, KP=triton.next_power_of_2(top_k),
-        BE=triton.next_power_of_2(E), NORM=norm, DTYPE=_DTYPES[str(weights.dtype)],
+def route_topk(logits, top_k: int, norm: bool, ids, weights, routers: int = 1) -> None:
+    """For logits [T, routers * E] of `routers` routers side by side: ids [T, >= routers * K]
+    int64 (rows may be strided), each router's softmax top-k in turn; weights [T, K] (their
+    dtype), the first router's."""
+    T, E = logits.shape[0], logits.shape[1] // routers  # noqa: N806
+    _route_kernel[(T, routers)](
+        logits, ids, weights, E, logits.stride(0), ids.stride(0), K=top_k,
+        KP=triton.next_power_of_2(top_k), BE=triton.next_power_of_2(E), NORM=norm,
+        DTYPE=_DTYPES[str(weights.dtype)],
     )  # fmt: skip
 
 
@@ -179,6 +189,7 @@ def plan_pairs(
         num_slots, code_base = in_place.num_slots, in_place.code_base
     _plan_kernel[(1,)](
         ids, weights, table if table is not None else ids, tok, slot, weight, block_start,
-        block_slot, count, ready, P, num_slots, code_base, K=K, BP=triton.next_power_of_2(P),
+        block_slot, count, ready, P, num_slots, code_base, ids.stride(0), K=K,
+        BP=triton.next_power_of_2(P),
         TABLE=table is not None, IN_PLACE=in_place is not None, WAIT=wait,
     )  # fmt: skip

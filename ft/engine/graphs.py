@@ -17,6 +17,10 @@ the stretch also runs the routers of the next `prefetch_depth` cuts on this cut'
 the next stretch is launched, `prefetch` starts copying those guesses' misses, nearest cut first, so
 they cross PCIe while the stretches before them compute. A depth of 2 keeps the copies a layer
 ahead: with 1, a layer that needs more copies than its neighbours holds the compute up.
+A stretch's last kernels write what the host and the next stretch read, with no copy after them:
+the norm after attention writes h and x, and one GEMM over the cut's and the guessed cuts'
+routers (consecutive rows of MoeModel.routers) and one top-k write the ids, guesses and weights
+(round AH in docs/perf.md: 33 us less a stretch on the GPU).
 With zero-copy misses (`follow_step`), the expert kernels read a missing expert from host memory
 themselves, so no stretch waits for the host: the whole step is queued as one graph, each stretch
 writes its routing rows into pinned memory (`StopRows`), and the host, polling those, does each
@@ -38,6 +42,7 @@ import torch.nn.functional as F
 
 from ft.engine.attention import Batch, Span
 from ft.engine.experts.cache import device_view
+from ft.engine.model import route
 from ft.errors import FtError
 
 KV_BUCKET = 256  # keys per bucket: one graph serves every length up to its bucket
@@ -63,12 +68,12 @@ def _decode_batch(tokens, positions, slots, kv_len: int) -> Batch:
 
 @dataclass
 class Handoff:
-    """What a stretch leaves for the next one at a cut: [B_max, ...] static buffers."""
+    """What a stretch leaves for the next one at a cut: [B_max, ...] static buffers, written by
+    the stretch's last kernels themselves (the norm after attention, the routers' top-k)."""
 
     h: torch.Tensor  # [B, D] residual stream after the cut layer's attention
     x: torch.Tensor  # [B, D] that layer's MoE input
-    ids: torch.Tensor  # [B, K] its routed experts
-    weights: torch.Tensor  # [B, K]
+    weights: torch.Tensor  # [B, K] its routing weights
     # [B, (1 + depth) K] what the host reads: the routed ids, then the guesses of the next
     # `depth` cuts (prefetch_depth)
     stop: torch.Tensor
@@ -76,24 +81,18 @@ class Handoff:
     @classmethod
     def allocate(cls, max_batch: int, cfg, dtype, device, depth: int = 1) -> Handoff:
         act = lambda: torch.zeros(max_batch, cfg.hidden_size, dtype=dtype, device=device)  # noqa: E731
-        ids = torch.zeros(max_batch, cfg.top_k, dtype=torch.long, device=device)
+        weights = torch.zeros(max_batch, cfg.top_k, dtype=dtype, device=device)
         stop = torch.zeros(max_batch, (1 + depth) * cfg.top_k, dtype=torch.long, device=device)
-        return cls(act(), act(), ids, torch.zeros(ids.shape, dtype=dtype, device=device), stop)
+        return cls(act(), act(), weights, stop)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """[B, K] the cut's routed experts: the stop's first columns (a strided view)."""
+        return self.stop[:, : self.weights.shape[1]]
 
     def rows(self, b: int) -> Handoff:
         """The first b sequences' rows (views: the same static buffers)."""
-        return Handoff(self.h[:b], self.x[:b], self.ids[:b], self.weights[:b], self.stop[:b])
-
-    def write(self, b: int, h, x, ids, weights, guesses: list, stop=None) -> None:
-        """guesses: [B, K] ids per later cut (`guessed_cuts`; near the last cut there are fewer
-        than `stop` has room for, and the columns past them are not read). stop: where the stop
-        columns go, if not to this Handoff's own (zero-copy decode: the cut's StopRows)."""
-        k, stop = ids.shape[1], self.stop if stop is None else stop
-        pairs = [(self.h, h), (self.x, x), (self.ids, ids), (self.weights, weights)]
-        columns = [ids, *guesses]
-        pairs += [(stop[:, j * k : (j + 1) * k], c) for j, c in enumerate(columns)]
-        for dst, src in pairs:
-            dst[:b].copy_(src)
+        return Handoff(self.h[:b], self.x[:b], self.weights[:b], self.stop[:b])
 
 
 def cut_layers(model, strategy) -> list[int]:
@@ -131,7 +130,7 @@ class StopRows:
                     f"decode: the routing of MoE cut {k} did not arrive in {self.TIMEOUT_S:g} s"
                 )
         got = rows.tolist()
-        rows.fill(-1)
+        self._items[k, :b].fill(-1)  # the whole rows: the stretch copies all its columns
         return got
 
     def ready(self, k: int, b: int) -> bool:
@@ -166,11 +165,13 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     if k == len(cuts):
         return model.logits(h, delta)
     layer = model.layers[last]
-    h, x = layer.attend(h, delta, batch)
-    ids, weights = layer.route(x)
+    h, x = layer.attend(h, delta, batch, out=(dst.h[:b], dst.x[:b]))
+    # the cut's routing and the next cuts' guesses from the same x: one GEMM, one top-k
     ahead = guessed_cuts(cuts, k, layer.moe.prefetch_depth)
-    guesses = [model.layers[cut].route(x)[0] for cut in ahead]
-    dst.write(b, h, x, ids, weights, guesses, stop)
+    router = model.routers_of(k, 1 + len(ahead))
+    route(model.cfg, router, x, layer.kernel, out=(dst.stop[:b], dst.weights[:b]))
+    if stop is not None:  # zero-copy decode: the host polls the cut's rows in pinned memory
+        stop.copy_(dst.stop[:b])
     return dst.rows(b)
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from ft.engine.attention import Batch, Rope, attend, decode_backend
 from ft.engine.config import ModelConfig
 from ft.engine.experts.grouped import pick_backend
-from ft.engine.fused import add_rms_norm, qk_norm_rope, rope, route_topk
+from ft.engine.fused import add_rms_norm, qk_norm_rope, route_topk
 
 # short name -> HF name under `model.layers.{i}.`
 LAYER_TENSORS = {
@@ -28,9 +28,13 @@ LAYER_TENSORS = {
 }  # fmt: skip
 
 
-def route(cfg: ModelConfig, router: torch.Tensor, x: torch.Tensor, backend: str = "torch"):
-    """Softmax top-k router: -> topk_ids [T, K], topk_weights [T, K]."""
-    return route_topk(F.linear(x, router), cfg.top_k, cfg.norm_topk_prob, x.dtype, backend)
+def route(cfg: ModelConfig, router, x, backend: str = "torch", out=None):
+    """Softmax top-k router: -> topk_ids [T, K], topk_weights [T, K]. `router` may be several
+    routers' [E, D] stacked ([R E, D]): then ids [T, R K], each router's top-k in turn, and the
+    first router's weights (ft.engine.fused.route_topk; out: the buffers to write)."""
+    routers = router.shape[0] // cfg.num_experts
+    logits = F.linear(x, router)
+    return route_topk(logits, cfg.top_k, cfg.norm_topk_prob, x.dtype, backend, routers, out)
 
 
 def take_layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
@@ -75,21 +79,19 @@ class DecoderLayer:
         h, x = self.attend(h, delta, batch)
         return h, (self.sparse_mlp(x) if self.is_moe else self.dense_mlp(x))
 
-    def attend(self, h, delta, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (the residual stream after attention, the MLP's normalised input)."""
+    def attend(self, h, delta, batch: Batch, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (the residual stream after attention, the MLP's normalised input), written into
+        `out`'s two [T, D] tensors if given."""
         eps, kernel = self.cfg.rms_norm_eps, self.kernel
         h, x = add_rms_norm(h, delta, self.w["ln1"], eps, kernel)
-        return add_rms_norm(h, self.attention(x, batch), self.w["ln2"], eps, kernel)
+        return add_rms_norm(h, self.attention(x, batch), self.w["ln2"], eps, kernel, out)
 
     def attention(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
         cfg, w, T, H, G = self.cfg, self.w, x.shape[0], self.cfg.num_heads, self.cfg.num_kv_heads  # noqa: N806
         qkv = F.linear(x, w["qkv"], w.get("qkv_bias")).view(T, H + 2 * G, cfg.head_dim)
         qk, v = qkv[:, : H + G], qkv[:, H + G :]  # q's and k's heads: norm and RoPE together
-        cos, sin = self.rope.tables(batch.positions, x.dtype)
-        if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
-            qk = qk_norm_rope(qk, w["qk_norm"], cos, sin, cfg.rms_norm_eps, self.kernel)
-        else:
-            qk = rope(qk, cos, sin)
+        qk_norm = w.get("qk_norm")  # Qwen3: RMSNorm over head_dim, before RoPE
+        qk = qk_norm_rope(qk, qk_norm, self.rope, batch.positions, cfg.rms_norm_eps, self.kernel)
         o = attend(qk[:, :H], qk[:, H:], v, self.k_cache, self.v_cache, batch, self.decode)
         return F.linear(o, w["o"], w.get("o_bias"))
 
@@ -121,6 +123,20 @@ class MoeModel:
             )
             for i in range(cfg.num_layers)
         ]
+        # every MoE layer's router as rows of one tensor, in layer order: decode's stop at one
+        # routes it and guesses the next ones' routing in one GEMM over consecutive rows
+        moe_layers = [layer for layer in self.layers if layer.is_moe]
+        routers = [layer.w["router"] for layer in moe_layers]
+        self.routers = torch.cat(routers) if routers else None
+        E = cfg.num_experts  # noqa: N806
+        for j, layer in enumerate(moe_layers):
+            layer.w["router"] = self.routers[j * E : (j + 1) * E]
+
+    def routers_of(self, first: int, count: int) -> torch.Tensor:
+        """The routers of MoE layers first, first + 1, ... (`count`, counted among MoE layers
+        only) stacked [count E, D], a view: model.route over it routes them all at once."""
+        E = self.cfg.num_experts  # noqa: N806
+        return self.routers[first * E : (first + count) * E]
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:

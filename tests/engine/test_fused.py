@@ -9,7 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-from ft.engine.fused import add_rms_norm, qk_norm_rope, rms_norm, rope
+from ft.engine.attention import Rope
+from ft.engine.fused import add_rms_norm, qk_norm_rope, rms_norm, rotate, route_topk
 from tests.engine.interpreter import run_interpreted
 
 
@@ -21,6 +22,9 @@ def test_add_rms_norm_adds_then_normalises():
     torch.testing.assert_close(x, rms_norm(h + delta, w[0], 1e-6))
     same_h, x0 = add_rms_norm(h, None, w[0], 1e-6)  # the first layer: nothing to add
     assert same_h is h and torch.equal(x0, rms_norm(h, w[0], 1e-6))
+    out = (torch.empty(3, 16), torch.empty(3, 16))  # a stretch's handoff buffers
+    written = add_rms_norm(h, delta, w[0], 1e-6, out=out)
+    assert written[0] is out[0] and torch.equal(out[0], new_h) and torch.equal(out[1], x)
 
 
 def test_rope_keeps_the_norm_of_each_half_pair():
@@ -28,15 +32,33 @@ def test_rope_keeps_the_norm_of_each_half_pair():
     x = torch.randn(2, 3, 8, generator=gen)
     angle = torch.randn(2, 1, 4, generator=gen)
     cos, sin = torch.cat((angle.cos(),) * 2, -1), torch.cat((angle.sin(),) * 2, -1)
-    y = rope(x, cos, sin)
+    y = rotate(x, cos, sin)
     pair_norm = lambda t: t[..., :4] ** 2 + t[..., 4:] ** 2  # noqa: E731  # rotation of pairs
     torch.testing.assert_close(pair_norm(y), pair_norm(x))
-    torch.testing.assert_close(qk_norm_rope(x, None, cos, sin, 1e-6), y)
+    rope, positions = Rope(8, 10000.0, 16, "cpu"), torch.tensor([5, 11])
+    want = rotate(x, rope.cos[positions][:, None], rope.sin[positions][:, None])
+    torch.testing.assert_close(qk_norm_rope(x, None, rope, positions, 1e-6), want)
+
+
+def test_stacked_routers_pick_each_routers_top_k_and_write_into_strided_rows():
+    """A decode stop routes its layer and guesses the next layers' routing in one top-k: each
+    router's ids land in their columns of the stop rows, the weights are the first router's."""
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 3 * 16, generator=gen)  # 3 tokens, 3 routers of 16 experts
+    stop, weights = torch.full((4, 3 * 4 + 4), -1), torch.empty(3, 4)  # rows longer than needed
+    route_topk(logits, 4, True, torch.float32, routers=3, out=(stop[:3], weights))
+    for r in range(3):
+        ids, w = route_topk(logits[:, r * 16 : (r + 1) * 16], 4, True, torch.float32)
+        assert torch.equal(stop[:3, r * 4 : (r + 1) * 4], ids)
+        if r == 0:
+            assert torch.equal(weights, w)
+    assert (stop[:3, 12:] == -1).all() and (stop[3] == -1).all()  # nothing past them written
 
 
 _INTERPRETED = """
 import torch
 from ft.engine.experts.grouped import InPlace, plan_blocks
+from ft.engine.attention import Rope
 from ft.engine.fused import add_rms_norm, qk_norm_rope, route_topk
 
 gen = torch.Generator().manual_seed(3)
@@ -48,16 +70,20 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     qkv = torch.randn(3, 7, 16, generator=gen).to(dtype)  # 5 q/k heads of a strided qkv, 2 v
     qk, wn = qkv[:, :5], torch.rand(5, 16, generator=gen).to(dtype)
-    angle = torch.randn(3, 1, 8, generator=gen)
-    cos, sin = (torch.cat((f(angle),) * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
-    got = qk_norm_rope(qk, wn, cos, sin, 1e-6, "triton")
-    torch.testing.assert_close(got, qk_norm_rope(qk, wn, cos, sin, 1e-6), rtol=tol, atol=tol)
+    rope, positions = Rope(16, 10000.0, 64, "cpu"), torch.tensor([40, 3, 17])
+    got = qk_norm_rope(qk, wn, rope, positions, 1e-6, "triton")  # gathers the tables' rows
+    want = qk_norm_rope(qk, wn, rope, positions, 1e-6)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     for experts, top_k, norm in ((16, 4, True), (20, 3, False)):  # E not a power of two, too
-        logits = torch.randn(5, experts, generator=gen).to(dtype)
-        ids, weights = route_topk(logits, top_k, norm, dtype, "triton")
-        want_ids, want_weights = route_topk(logits, top_k, norm, dtype)
-        assert torch.equal(ids, want_ids), (ids, want_ids)
+        logits = torch.randn(5, 3 * experts, generator=gen).to(dtype)  # 3 routers side by side
+        stop = torch.full((5, 3 * top_k + 2), -1)  # a handoff's stop rows: longer, strided
+        weights = torch.empty(5, top_k, dtype=dtype)
+        route_topk(logits, top_k, norm, dtype, "triton", 3, out=(stop, weights))
+        want_ids, want_weights = route_topk(logits, top_k, norm, dtype, routers=3)
+        assert torch.equal(stop[:, : 3 * top_k], want_ids), (stop, want_ids)
+        assert (stop[:, 3 * top_k :] == -1).all()
         torch.testing.assert_close(weights, want_weights, rtol=tol, atol=tol)
+        ids = stop[:, :top_k]  # the routed ids, as a stretch's compute reads them: strided
         table = torch.randperm(experts, generator=gen).to(torch.int32)  # a cache's slots
         for row in (None, table):
             got, want = plan_blocks(ids, weights, row, "triton"), plan_blocks(ids, weights, row)

@@ -105,9 +105,7 @@ def test_a_stop_prefetches_only_after_the_next_stretch_is_launched():
         strategy.calls.append(("launch", k))
         if k == len(cuts):
             return torch.zeros(1, 8)  # the logits
-        return Handoff(
-            *(torch.zeros(1, 4),) * 2, ids=None, weights=None, stop=torch.tensor(rows[k])
-        )
+        return Handoff(*(torch.zeros(1, 4),) * 2, weights=None, stop=torch.tensor(rows[k]))
 
     out = run_step(strategy, cuts, launch)
     assert out.shape == (1, 8)  # the last stretch's logits
@@ -129,7 +127,7 @@ def test_a_stop_prefetches_two_cuts_ahead_nearest_first():
         if k == len(cuts):
             return torch.zeros(1, 8)
         stop = torch.tensor(rows[k])
-        return Handoff(*(torch.zeros(1, 4),) * 2, ids=None, weights=None, stop=stop)
+        return Handoff(*(torch.zeros(1, 4),) * 2, weights=None, stop=stop)
 
     run_step(strategy, cuts, launch)
     assert strategy.calls == [
