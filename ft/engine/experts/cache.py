@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict, deque
+from contextlib import contextmanager
 
 import torch
 
@@ -52,6 +53,42 @@ class _Pinned:
 def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CUDA tensor over pinned host memory: kernels read it across PCIe, with no copy."""
     return torch.as_tensor(_Pinned(host), device=device)
+
+
+class _Streams:
+    """The current CUDA stream, and switching to another, at a fraction of torch's cost:
+    `torch.cuda.current_stream` builds a Stream object at each call (8.9 us on the H200 box) and
+    `with torch.cuda.stream(s)` does so twice (15.7 us), where the stream's ids are what is
+    needed (scripts/probe_host_calls.py, round AH in docs/perf.md). A stop calls them on the
+    path the GPU waits on."""
+
+    def __init__(self, device: torch.device):
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self._known: dict[tuple, torch.cuda.Stream] = {}  # (id, device index, type) -> Stream
+
+    def current(self) -> torch.cuda.Stream:
+        key = tuple(torch._C._cuda_getCurrentStream(self.index))
+        stream = self._known.get(key)
+        if stream is None:
+            stream = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+            self._known[key] = stream
+        return stream
+
+    @contextmanager
+    def on(self, stream: torch.cuda.Stream):
+        """Make `stream` the current one inside the block (as torch.cuda.stream)."""
+        before = torch._C._cuda_getCurrentStream(self.index)
+        _set_stream(stream.stream_id, stream.device_index, stream.device_type)
+        try:
+            yield
+        finally:
+            _set_stream(*before)
+
+
+def _set_stream(stream_id: int, device_index: int, device_type: int) -> None:
+    torch._C._cuda_setStream(
+        stream_id=stream_id, device_index=device_index, device_type=device_type
+    )
 
 
 class _Copied:
@@ -79,8 +116,8 @@ class ExpertCache:
         self.loads = self.prefetched = self.prefetch_hits = 0  # loads: every copy, prefetches too
         self._prefetched_keys: set[tuple[int, int]] = set()  # prefetched, not used yet
         # prefetch copies in flight: key -> number of the prefetch that copies it, whose event
-        # is in _prefetch_events; the compute stream already waits for those up to _waited,
-        # whose events are dropped at the next prefetch
+        # is in _prefetch_events while the number is above _waited: up to it, the compute
+        # stream already waits for them or they are done (events are dropped in order)
         self._in_flight: dict[tuple[int, int], int] = {}
         self._prefetch_events: dict[int, torch.cuda.Event] = {}
         self._prefetches = self._waited = 0
@@ -90,6 +127,11 @@ class ExpertCache:
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         self._prefetch_stream = torch.cuda.Stream(self.device) if cuda else None
+        self._streams = _Streams(self.device) if cuda else None
+        # each slot's parts and each expert's as views made once: indexing a bank costs ~2 us
+        # a part, at each copy
+        self._slot_parts = [[part[s] for part in self.bank.values()] for s in range(num_slots)]
+        self._expert_parts: dict[tuple[int, int], list[torch.Tensor]] = {}
         shape = (len(store.banks), store.num_experts)  # [layers, E]
         self._table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
         self.slot_table = device_view(self._table, self.device) if cuda else self._table
@@ -182,7 +224,7 @@ class ExpertCache:
 
     def _copy_ahead(self, layer: int, missing: list[int]) -> torch.cuda.Event:
         """Queue the copies on the prefetch stream -> the event that marks them done."""
-        with torch.cuda.stream(self._prefetch_stream):
+        with self._streams.on(self._prefetch_stream):
             for expert in missing:
                 self._load(layer, expert, non_blocking=True)
             done = torch.cuda.Event()
@@ -195,9 +237,14 @@ class ExpertCache:
         must wait for it (`_wait_for_prefetch`)."""
         self._prefetches += 1
         self._in_flight.update(((layer, e), self._prefetches) for e in missing)
-        live = {n for n in self._in_flight.values() if n > self._waited}  # events still needed
-        self._prefetch_events = {n: ev for n, ev in self._prefetch_events.items() if n in live}
-        self._prefetch_events[self._prefetches] = done
+        events = self._prefetch_events  # in order: the oldest first, and first done
+        while events:  # drop the done ones: O(dropped) and one query, not a scan of the keys
+            n, event = next(iter(events.items()))
+            if n > self._waited and not event.query():
+                break
+            self._waited = max(self._waited, n)  # done: nothing to wait for up to n
+            del events[n]
+        events[self._prefetches] = done
 
     def _evictable(self, keep_layer: int, want: int) -> int:
         """How many of `want` slots can be taken before one holding an expert of keep_layer."""
@@ -218,7 +265,7 @@ class ExpertCache:
 
     def _wait_if_prefetched(self, key: tuple[int, int]) -> None:
         if self._used_prefetch(key) and key in self._in_flight:
-            self._wait_for_prefetch(key, torch.cuda.current_stream(self.device), compute=True)
+            self._wait_for_prefetch(key, self._streams.current(), compute=True)
 
     def _wait_for_prefetch(self, key: tuple[int, int], stream, compute: bool = False) -> None:
         """Make `stream` wait until key's prefetch copy is done, if it may still be running.
@@ -239,9 +286,9 @@ class ExpertCache:
             for i, expert in missing:
                 slots[i] = self._load(layer, expert, non_blocking=False)
             return
-        compute = torch.cuda.current_stream(self.device)
+        compute = self._streams.current()
         self._copy_stream.wait_stream(compute)  # queued reads of evicted slots finish first
-        with torch.cuda.stream(self._copy_stream):
+        with self._streams.on(self._copy_stream):
             for i, expert in missing:
                 slots[i] = self._load(layer, expert, non_blocking=True, stream=self._copy_stream)
             done = torch.cuda.Event()
@@ -250,9 +297,12 @@ class ExpertCache:
 
     def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:
         slot = self._take_slot(stream)
-        host = self.store.banks[layer]
-        for name, slots in self.bank.items():
-            slots[slot].copy_(host[name][expert], non_blocking=non_blocking)
+        parts = self._expert_parts.get((layer, expert))
+        if parts is None:  # in the bank's order of parts
+            host = self.store.banks[layer]
+            parts = self._expert_parts[layer, expert] = [host[name][expert] for name in self.bank]
+        for dst, src in zip(self._slot_parts[slot], parts, strict=True):
+            dst.copy_(src, non_blocking=non_blocking)
         self._slot_of[(layer, expert)] = slot
         self._table_items[layer, expert] = slot
         self.loads += 1
