@@ -46,7 +46,7 @@ def qk_norm_rope(qk, weight, rope, positions, eps: float, backend: str = "torch"
     attention.Rope), for qk [T, N, d] -> [T, N, d]. The Triton kernel gathers the tables' rows
     itself; torch gathers them once per forward (Rope.tables)."""
     if backend == "triton" and weight is not None:
-        return _triton_qk_norm_rope(qk, weight, rope.cos, rope.sin, eps, positions)
+        return _triton_qk_norm_rope(qk, weight, rope.cos, rope.sin, positions, eps)
     cos, sin = rope.tables(positions, qk.dtype)
     if weight is not None:
         qk = rms_norm(qk, weight, eps)
@@ -61,11 +61,11 @@ def _triton_add_rms_norm(h, delta, weight, eps, out=None):
     return out_h, out_x
 
 
-def _triton_qk_norm_rope(qk, weight, cos, sin, eps, positions=None):
+def _triton_qk_norm_rope(qk, weight, cos, sin, positions, eps):
     from ft.engine import fused_triton
 
     out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)  # contiguous
-    fused_triton.qk_norm_rope(qk, weight, cos, sin, out, eps, positions)
+    fused_triton.qk_norm_rope(qk, weight, cos, sin, positions, out, eps)
     return out
 
 

@@ -35,7 +35,7 @@ def _add_rms_norm_kernel(
 @triton.jit
 def _qk_norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, N, stride_xt, stride_xn, stride_c, eps,
-    HALF: tl.constexpr, DTYPE: tl.constexpr, GATHER: tl.constexpr,
+    HALF: tl.constexpr, DTYPE: tl.constexpr,
 ):  # fmt: skip
     t, n = tl.program_id(0), tl.program_id(1)
     lo = tl.arange(0, HALF)
@@ -47,8 +47,8 @@ def _qk_norm_rope_kernel(
     w2 = tl.load(w_ptr + n * 2 * HALF + HALF + lo).to(tl.float32)
     y1 = _round(w1 * _round(x1 * inv, DTYPE), DTYPE)
     y2 = _round(w2 * _round(x2 * inv, DTYPE), DTYPE)
-    row = tl.load(pos_ptr + t) if GATHER else t  # GATHER: the tables' row at t's position
-    table = row * stride_c  # the tables in float32 or x's dtype: rounded to x's as torch's
+    table = tl.load(pos_ptr + t) * stride_c  # the tables' row at t's position, rounded to
+    # x's dtype as torch's gather and cast
     c1 = _round(tl.load(cos_ptr + table + lo).to(tl.float32), DTYPE)
     c2 = _round(tl.load(cos_ptr + table + HALF + lo).to(tl.float32), DTYPE)
     s1 = _round(tl.load(sin_ptr + table + lo).to(tl.float32), DTYPE)
@@ -72,16 +72,15 @@ def add_rms_norm(h, delta, weight, out_h, out_x, eps: float) -> None:
     )  # fmt: skip
 
 
-def qk_norm_rope(x, weight, cos, sin, out, eps: float, positions=None) -> None:
-    """out [T, N, d] = RoPE(RMSNorm(x) * weight); x [T, N, d] with unit stride over d, weight
-    [N, d], cos/sin [T, 1, d], or with `positions` [T] the whole tables [M, d], each token's
-    row gathered in the kernel (decode then launches no gather of its own). d must be a power
-    of two (128 in every preset)."""
+def qk_norm_rope(x, weight, cos, sin, positions, out, eps: float) -> None:
+    """out [T, N, d] = RoPE(RMSNorm(x) * weight) at `positions` [T]; x [T, N, d] with unit
+    stride over d, weight [N, d], cos/sin the whole tables [M, d] (float32), each token's row
+    gathered in the kernel (decode launches no gather of its own). d must be a power of two
+    (128 in every preset)."""
     T, N, d = x.shape  # noqa: N806
     _qk_norm_rope_kernel[(T, N)](
-        x, weight, cos, sin, positions if positions is not None else x, out, N, x.stride(0),
-        x.stride(1), cos.stride(0), eps, HALF=d // 2, DTYPE=_DTYPES[str(x.dtype)],
-        GATHER=positions is not None,
+        x, weight, cos, sin, positions, out, N, x.stride(0), x.stride(1), cos.stride(0), eps,
+        HALF=d // 2, DTYPE=_DTYPES[str(x.dtype)],
     )  # fmt: skip
 
 
@@ -190,6 +189,6 @@ def plan_pairs(
     _plan_kernel[(1,)](
         ids, weights, table if table is not None else ids, tok, slot, weight, block_start,
         block_slot, count, ready, P, num_slots, code_base, ids.stride(0), K=K,
-        BP=triton.next_power_of_2(P),
-        TABLE=table is not None, IN_PLACE=in_place is not None, WAIT=wait,
+        BP=triton.next_power_of_2(P), TABLE=table is not None, IN_PLACE=in_place is not None,
+        WAIT=wait,
     )  # fmt: skip
