@@ -78,17 +78,11 @@ class _Streams:
     def on(self, stream: torch.cuda.Stream):
         """Make `stream` the current one inside the block (as torch.cuda.stream)."""
         before = torch._C._cuda_getCurrentStream(self.index)
-        _set_stream(stream.stream_id, stream.device_index, stream.device_type)
+        torch.cuda._set_stream_by_id(stream.stream_id, stream.device_index, stream.device_type)
         try:
             yield
         finally:
-            _set_stream(*before)
-
-
-def _set_stream(stream_id: int, device_index: int, device_type: int) -> None:
-    torch._C._cuda_setStream(
-        stream_id=stream_id, device_index=device_index, device_type=device_type
-    )
+            torch.cuda._set_stream_by_id(*before)
 
 
 class _Copied:
