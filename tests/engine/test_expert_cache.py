@@ -146,6 +146,39 @@ def copies(monkeypatch) -> _Copies:
     return fake
 
 
+class _Stream:
+    """Records what a stream is made to wait for."""
+
+    def __init__(self):
+        self.waited_for = []
+
+    def wait_event(self, event) -> None:
+        self.waited_for.append(event)
+
+
+def test_prefetch_events_are_dropped_in_order_once_done_and_a_dropped_one_is_not_waited_for():
+    """A prefetch's event is kept while a compute may still have to wait for it: at each new
+    prefetch the oldest are dropped, in order, once done or waited for (a later one done does
+    not let an earlier running one go)."""
+    cache = ExpertCache(make_store(), 6, "cpu")
+    marks = [_Copies.Mark() for _ in range(3)]
+    for expert, mark in enumerate(marks):  # prefetches 1, 2, 3 copy experts 0, 1, 2 of layer 0
+        cache._track(0, [expert], mark)
+    assert list(cache._prefetch_events) == [1, 2, 3]  # none done: all kept
+    marks[0].done = marks[2].done = True
+    cache._track(1, [0], _Copies.Mark())  # prefetch 4
+    assert list(cache._prefetch_events) == [2, 3, 4] and cache._waited == 1  # 2 still runs
+    stream = _Stream()
+    cache._wait_for_prefetch((0, 0), stream, compute=True)  # prefetch 1: done and dropped
+    assert stream.waited_for == []
+    cache._wait_for_prefetch((0, 1), stream, compute=True)  # prefetch 2: running, waited for
+    assert stream.waited_for == [marks[1]] and cache._waited == 2
+    cache._track(1, [1], _Copies.Mark())  # prefetch 5: 2 is waited for, 3 done, 4 runs
+    assert list(cache._prefetch_events) == [4, 5] and cache._waited == 3
+    cache._wait_for_prefetch((0, 2), stream, compute=True)  # prefetch 3: done, nothing to wait
+    assert stream.waited_for == [marks[1]]
+
+
 def test_a_prefetch_window_holds_guesses_on_the_host_until_copies_end(copies):
     cache = ExpertCache(make_store(layers=3, experts=8), 6, "cpu", prefetch_window=2)
     cache.prefetch(1, [2, 3, 4], keep_layer=0)
