@@ -69,11 +69,15 @@ def _triton_qk_norm_rope(qk, weight, cos, sin, positions, eps):
     return out
 
 
-def route_topk(logits, top_k: int, norm: bool, dtype, backend: str = "torch", routers=1, out=None):
+def route_topk(
+    logits, top_k: int, norm: bool, dtype, backend: str = "torch", routers=1, out=None,
+    mirror=None,
+):  # fmt: skip
     """Softmax top-k of router logits [T, routers * E] (`routers` routers side by side, each
     picked in turn) -> ids [T, routers * K] int64, the first router's weights [T, K] in `dtype`
     (softmax and the renormalisation in float32). out: (ids, weights) to write into; ids' rows
-    may be longer (a handoff's stop columns)."""
+    may be longer (a handoff's stop columns). mirror: [T, >= routers * K] int64, where the ids
+    are also written (pinned rows the host reads: graphs.StopRows)."""
     T = logits.shape[0]  # noqa: N806
     if backend == "triton":
         from ft.engine import fused_triton
@@ -81,13 +85,15 @@ def route_topk(logits, top_k: int, norm: bool, dtype, backend: str = "torch", ro
         if out is None:
             ids = torch.empty(T, routers * top_k, dtype=torch.long, device=logits.device)
             out = (ids, torch.empty(T, top_k, dtype=dtype, device=logits.device))
-        fused_triton.route_topk(logits, top_k, norm, *out, routers)
+        fused_triton.route_topk(logits, top_k, norm, *out, routers, mirror)
         return out
     probs = F.softmax(logits.view(T, routers, -1), dim=-1, dtype=torch.float32)  # [T, R, E]
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if norm:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     ids, weights = ids.view(T, routers * top_k), weights[:, 0].to(dtype)
+    if mirror is not None:
+        mirror[:, : ids.shape[1]].copy_(ids)
     if out is None:
         return ids, weights
     out[0][:, : ids.shape[1]].copy_(ids)

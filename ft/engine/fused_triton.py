@@ -86,8 +86,9 @@ def qk_norm_rope(x, weight, cos, sin, positions, out, eps: float) -> None:
 
 @triton.jit
 def _route_kernel(
-    logits_ptr, ids_ptr, w_ptr, E, stride_l, stride_i,
+    logits_ptr, ids_ptr, w_ptr, mirror_ptr, E, stride_l, stride_i, stride_m,
     K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, NORM: tl.constexpr, DTYPE: tl.constexpr,
+    MIRROR: tl.constexpr,
 ):  # fmt: skip
     t, g = tl.program_id(0), tl.program_id(1)  # one token, one router of the group
     cols = tl.arange(0, BE)
@@ -108,6 +109,8 @@ def _route_kernel(
     if NORM:
         vals = vals / tl.sum(vals, axis=0)
     tl.store(ids_ptr + t * stride_i + g * K + slots, idxs, mask=slots < K)
+    if MIRROR:  # the same ids where the host reads them (pinned memory: no copy back)
+        tl.store(mirror_ptr + t * stride_m + g * K + slots, idxs, mask=slots < K)
     first = (slots + g * KP) < K  # the first router's weights only
     tl.store(w_ptr + t * K + slots, vals.to(DTYPE), mask=first)
 
@@ -133,9 +136,9 @@ def _ready_slots(slot, key, ok, ready_ptr, CODE, WAIT: tl.constexpr):
 
 @triton.jit
 def _plan_kernel(
-    ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, count_ptr,
-    ready_ptr, P, NSLOT, CODE, stride_ids, K: tl.constexpr, BP: tl.constexpr, TABLE: tl.constexpr,
-    IN_PLACE: tl.constexpr, WAIT: tl.constexpr,
+    ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, row_ptr,
+    count_ptr, uses_ptr, ready_ptr, P, NSLOT, CODE, stride_ids, K: tl.constexpr, BP: tl.constexpr,
+    TABLE: tl.constexpr, IN_PLACE: tl.constexpr, WAIT: tl.constexpr, USES: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, BP)
     ok = i < P
@@ -153,7 +156,10 @@ def _plan_kernel(
         missed = ok & ~_ready_slots(slot, key, ok, ready_ptr, CODE, WAIT)
         tl.atomic_add(count_ptr, tl.sum((missed & first).to(tl.int64), axis=0))  # once each
         slot = tl.where(missed, NSLOT + key, slot)
+    if USES:  # the distinct experts computed from a slot: resident's use counter
+        tl.atomic_add(uses_ptr, tl.sum((first & ok & (slot >= 0)).to(tl.int64), axis=0))
     weight = tl.load(w_ptr + i, mask=ok, other=0.0)
+    tl.store(row_ptr + i, rank, mask=ok)  # where pair i (token i // K) lands: for the sum
     tl.store(tok_ptr + rank, (i // K).to(tl.int64), mask=ok)
     tl.store(slot_ptr + rank, slot, mask=ok)
     tl.store(wout_ptr + rank, weight, mask=ok)
@@ -161,25 +167,29 @@ def _plan_kernel(
     tl.store(bstart_ptr + i, i, mask=ok)
 
 
-def route_topk(logits, top_k: int, norm: bool, ids, weights, routers: int = 1) -> None:
+def route_topk(logits, top_k: int, norm: bool, ids, weights, routers: int = 1, mirror=None) -> None:
     """For logits [T, routers * E] of `routers` routers side by side: ids [T, >= routers * K]
-    int64 (rows may be strided), each router's softmax top-k in turn; weights [T, K] (their
-    dtype), the first router's."""
+    int64 (rows may be strided), each router's softmax top-k in turn, also written to `mirror`
+    (the same layout) if given; weights [T, K] (their dtype), the first router's."""
     T, E = logits.shape[0], logits.shape[1] // routers  # noqa: N806
     _route_kernel[(T, routers)](
-        logits, ids, weights, E, logits.stride(0), ids.stride(0), K=top_k,
+        logits, ids, weights, mirror if mirror is not None else ids, E, logits.stride(0),
+        ids.stride(0), (mirror if mirror is not None else ids).stride(0), K=top_k,
         KP=triton.next_power_of_2(top_k), BE=triton.next_power_of_2(E), NORM=norm,
-        DTYPE=_DTYPES[str(weights.dtype)],
+        DTYPE=_DTYPES[str(weights.dtype)], MIRROR=mirror is not None,
     )  # fmt: skip
 
 
 def plan_pairs(
-    ids, weights, table, tok, slot, weight, block_start, block_slot, in_place=None
-) -> None:
+    ids, weights, table, tok, slot, weight, block_start, block_slot, row_of, in_place=None,
+    uses=None,
+) -> None:  # fmt: skip
     """The decode work list in one program: pairs ordered by expert id (stable), each run's
-    first row owning a block; slot = table[expert] (table None: the expert id itself).
-    in_place (grouped.InPlace, zero-copy decode): an expert whose slot is not ready gets
-    num_slots + expert (read from the host store in place) and counts once in its misses."""
+    first row owning a block; slot = table[expert] (table None: the expert id itself); row_of
+    [P]: the row each pair (in routing order) lands on. in_place (grouped.InPlace, zero-copy
+    decode): an expert whose slot is not ready gets num_slots + expert (read from the host store
+    in place) and counts once in its misses. uses (a device counter): += the distinct experts
+    computed from a slot."""
     P, K = ids.numel(), ids.shape[1]  # noqa: N806
     if in_place is None:  # its operands are never read: stand-ins
         count, ready, num_slots, code_base, wait = ids, ids, 0, 0, False
@@ -188,7 +198,7 @@ def plan_pairs(
         num_slots, code_base = in_place.num_slots, in_place.code_base
     _plan_kernel[(1,)](
         ids, weights, table if table is not None else ids, tok, slot, weight, block_start,
-        block_slot, count, ready, P, num_slots, code_base, ids.stride(0), K=K,
-        BP=triton.next_power_of_2(P), TABLE=table is not None, IN_PLACE=in_place is not None,
-        WAIT=wait,
+        block_slot, row_of, count, uses if uses is not None else ids, ready, P, num_slots,
+        code_base, ids.stride(0), K=K, BP=triton.next_power_of_2(P), TABLE=table is not None,
+        IN_PLACE=in_place is not None, WAIT=wait, USES=uses is not None,
     )  # fmt: skip

@@ -104,8 +104,10 @@ def cut_layers(model, strategy) -> list[int]:
 
 class StopRows:
     """Zero-copy decode: each cut's stop columns (routed ids, then guesses) as the step's graph
-    writes them, [cuts, B, (1 + depth) K] int64 in pinned host memory that the graph writes
-    through its device address and the host polls; -1 until written, reset once read."""
+    writes them, [cuts, B, (1 + depth) K] int64 in pinned host memory that the router's top-k
+    writes through its device address and the host polls; -1 until written, reset once read.
+    (Host stops read their ids back with a sync instead: polling these rows was level with it
+    at batch 1 and 4, round AL in docs/perf.md.)"""
 
     TIMEOUT_S = 60.0  # a step whose rows never come has failed on the device
 
@@ -169,9 +171,8 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     # the cut's routing and the next cuts' guesses from the same x: one GEMM, one top-k
     ahead = guessed_cuts(cuts, k, layer.moe.prefetch_depth)
     router = model.routers_of(k, 1 + len(ahead))
-    route(model.cfg, router, x, layer.kernel, out=(dst.stop[:b], dst.weights[:b]))
-    if stop is not None:  # zero-copy decode: the host polls the cut's rows in pinned memory
-        stop.copy_(dst.stop[:b])
+    # zero-copy decode (`stop`): the top-k also writes the ids and guesses where the host polls
+    route(model.cfg, router, x, layer.kernel, out=(dst.stop[:b], dst.weights[:b]), mirror=stop)
     return dst.rows(b)
 
 

@@ -28,13 +28,14 @@ LAYER_TENSORS = {
 }  # fmt: skip
 
 
-def route(cfg: ModelConfig, router, x, backend: str = "torch", out=None):
+def route(cfg: ModelConfig, router, x, backend: str = "torch", out=None, mirror=None):
     """Softmax top-k router: -> topk_ids [T, K], topk_weights [T, K]. `router` may be several
     routers' [E, D] stacked ([R E, D]): then ids [T, R K], each router's top-k in turn, and the
-    first router's weights (ft.engine.fused.route_topk; out: the buffers to write)."""
+    first router's weights (ft.engine.fused.route_topk; out: the buffers to write; mirror:
+    where the ids are also written)."""
     routers = router.shape[0] // cfg.num_experts
     logits = F.linear(x, router)
-    return route_topk(logits, cfg.top_k, cfg.norm_topk_prob, x.dtype, backend, routers, out)
+    return route_topk(logits, cfg.top_k, cfg.norm_topk_prob, x.dtype, backend, routers, out, mirror)
 
 
 def take_layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:

@@ -46,13 +46,18 @@ def test_stacked_routers_pick_each_routers_top_k_and_write_into_strided_rows():
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(3, 3 * 16, generator=gen)  # 3 tokens, 3 routers of 16 experts
     stop, weights = torch.full((4, 3 * 4 + 4), -1), torch.empty(3, 4)  # rows longer than needed
-    route_topk(logits, 4, True, torch.float32, routers=3, out=(stop[:3], weights))
+    polled = torch.full((4, 3 * 4 + 2), -1)  # the host's copy of the ids (StopRows)
+    route_topk(
+        logits, 4, True, torch.float32, routers=3, out=(stop[:3], weights), mirror=polled[:3]
+    )
     for r in range(3):
         ids, w = route_topk(logits[:, r * 16 : (r + 1) * 16], 4, True, torch.float32)
         assert torch.equal(stop[:3, r * 4 : (r + 1) * 4], ids)
         if r == 0:
             assert torch.equal(weights, w)
     assert (stop[:3, 12:] == -1).all() and (stop[3] == -1).all()  # nothing past them written
+    assert torch.equal(polled[:3, :12], stop[:3, :12])
+    assert (polled[:3, 12:] == -1).all() and (polled[3] == -1).all()
 
 
 _INTERPRETED = """
@@ -78,18 +83,25 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
         logits = torch.randn(5, 3 * experts, generator=gen).to(dtype)  # 3 routers side by side
         stop = torch.full((5, 3 * top_k + 2), -1)  # a handoff's stop rows: longer, strided
         weights = torch.empty(5, top_k, dtype=dtype)
-        route_topk(logits, top_k, norm, dtype, "triton", 3, out=(stop, weights))
+        polled = torch.full((5, 3 * top_k + 1), -1)  # the host's copy (StopRows), strided too
+        route_topk(logits, top_k, norm, dtype, "triton", 3, out=(stop, weights), mirror=polled)
         want_ids, want_weights = route_topk(logits, top_k, norm, dtype, routers=3)
         assert torch.equal(stop[:, : 3 * top_k], want_ids), (stop, want_ids)
         assert (stop[:, 3 * top_k :] == -1).all()
+        assert torch.equal(polled[:, : 3 * top_k], want_ids) and (polled[:, -1] == -1).all()
         torch.testing.assert_close(weights, want_weights, rtol=tol, atol=tol)
         ids = stop[:, :top_k]  # the routed ids, as a stretch's compute reads them: strided
         table = torch.randperm(experts, generator=gen).to(torch.int32)  # a cache's slots
-        for row in (None, table):
-            got, want = plan_blocks(ids, weights, row, "triton"), plan_blocks(ids, weights, row)
-            for field in ("tok", "slot", "weight", "block_start", "block_slot"):
+        some = torch.where(torch.arange(experts) % 4 == 1, -1, table).to(torch.int32)
+        for row in (None, table, some):  # some: a few experts without a slot (skipped)
+            uses = [torch.zeros((), dtype=torch.long) for _ in range(2)]
+            got = plan_blocks(ids, weights, row, "triton", uses=uses[0])
+            want = plan_blocks(ids, weights, row, uses=uses[1])
+            for field in ("tok", "slot", "weight", "block_start", "block_slot", "row_of"):
                 assert torch.equal(getattr(got, field), getattr(want, field)), field
             assert got.block_m == want.block_m
+            distinct = {e for e in ids.flatten().tolist() if row is None or row[e] >= 0}
+            assert int(uses[0]) == int(uses[1]) == len(distinct), (uses, distinct)
         # zero-copy: experts 0, 3, 6.. have no slot, odd ones a slot whose data has not landed
         no_slot = torch.where(torch.arange(experts) % 3 == 0, -1, table).to(torch.int32)
         ready = torch.full((experts,), -7, dtype=torch.int32)
@@ -99,7 +111,7 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
             plan_blocks(ids, weights, no_slot, kind, InPlace(experts, m, ready, 5 * experts, False))
             for kind, m in zip(("triton", "torch"), misses)
         )
-        for field in ("tok", "slot", "weight", "block_start", "block_slot"):
+        for field in ("tok", "slot", "weight", "block_start", "block_slot", "row_of"):
             assert torch.equal(getattr(got, field), getattr(want, field)), field
         assert int(misses[0]) == int(misses[1]) > 0 and (got.slot >= experts).any()
 print("ok")

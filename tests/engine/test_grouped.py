@@ -94,6 +94,18 @@ for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
                                       [g.expert for g in group_by_expert(ids, weights, 7)], "cpu")):
         got = reduce_pairs(blocks, triton_moe_pairs(x, {"w13": w13, "w2": w2}, blocks, "bf16"), T)
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+    # the one-launch sum over each token's rows, rows of experts without a slot left out (the
+    # kernels leave them unwritten: NaN here), in float32 and in the model's dtype
+    table = torch.tensor([0, -1, 2, -1, 4, 5, -1])
+    blocks = blocks_on_device(table[ids], weights, ids)
+    y = triton_moe_pairs(x, {"w13": w13, "w2": w2}, blocks, "bf16")
+    y[blocks.slot < 0] = float("nan")
+    kept = reference(x, w13, w2, torch.where(table[ids] >= 0, ids, -1), weights)
+    for out in (torch.float32, dtype):
+        got = reduce_pairs(blocks, y, T, out, "triton")
+        assert got.dtype == out
+        torch.testing.assert_close(got, kept.to(out), rtol=tol, atol=tol)
+        torch.testing.assert_close(got, reduce_pairs(blocks, y, T, out), rtol=tol, atol=tol)
 print("ok")
 """
 

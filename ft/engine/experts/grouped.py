@@ -36,6 +36,9 @@ class PairBlocks:
     block_start: torch.Tensor  # [NB] int32 first pair row of each block
     block_slot: torch.Tensor  # [NB] int32 slot of each block (-1: inactive)
     block_m: int  # pair rows per block, a power of two >= 16
+    # [P] int32 the row each routed pair lands on, in routing order (pair t * K + k: token t's
+    # k-th expert); decode's plans give it, so each token sums its K rows (`reduce_pairs`)
+    row_of: torch.Tensor | None = None
 
     @property
     def num_pairs(self) -> int:
@@ -76,20 +79,23 @@ def blocks_on_device(
     sorted_slots = flat[order] if experts is not None else sorted_key
     first = torch.where(sorted_key != previous, sorted_slots, -1)  # [P] a block per run
     starts = torch.arange(flat.shape[0], dtype=torch.int32, device=flat.device)
+    row_of = torch.empty_like(starts).scatter_(0, order, starts)  # order's inverse
     return PairBlocks(
         tok=order // top_k, slot=sorted_slots, weight=weights.flatten()[order],
-        block_start=starts, block_slot=first, block_m=block_m_for(flat.shape[0]),
+        block_start=starts, block_slot=first, block_m=block_m_for(flat.shape[0]), row_of=row_of,
     )  # fmt: skip
 
 
 def plan_blocks(
-    ids, weights, table=None, backend: str = "torch", in_place: InPlace | None = None
-) -> PairBlocks:
+    ids, weights, table=None, backend: str = "torch", in_place: InPlace | None = None,
+    uses: torch.Tensor | None = None,
+) -> PairBlocks:  # fmt: skip
     """The decode work list from the router's ids [T, K] and weights [T, K], no host sync:
     slot = table[expert] (a cache's slot table row) or the expert id itself (table None);
     with `in_place` (zero-copy decode), an expert whose slot is none or not ready gets its row
-    of the host store instead. One Triton program on CUDA; blocks_on_device's torch ops
-    elsewhere (the same list; they do not wait for a queued copy)."""
+    of the host store instead; `uses` (a counter on the device) += the distinct experts it
+    computes from a slot. One Triton program on CUDA; blocks_on_device's torch ops elsewhere
+    (the same list; they do not wait for a queued copy)."""
     if backend != "triton":
         slots = ids if table is None else table[ids]
         if in_place is not None:
@@ -99,15 +105,18 @@ def plan_blocks(
         blocks = blocks_on_device(slots, weights, None if table is None else ids)
         if in_place is not None:
             in_place.misses.add_((blocks.block_slot >= in_place.num_slots).sum())
+        if uses is not None:
+            uses.add_((blocks.block_slot >= 0).sum())
         return blocks
     from ft.engine.fused_triton import plan_pairs
 
     p, dev = ids.numel(), ids.device
     tok = torch.empty(p, dtype=torch.long, device=dev)
-    slot, block_start, block_slot = (torch.empty(p, dtype=torch.int32, device=dev) for _ in "sbo")
+    int32 = dict(dtype=torch.int32, device=dev)
+    slot, start, block_slot, row_of = (torch.empty(p, **int32) for _ in "ssbr")
     weight = torch.empty(p, dtype=weights.dtype, device=dev)
-    plan_pairs(ids, weights, table, tok, slot, weight, block_start, block_slot, in_place)
-    return PairBlocks(tok, slot, weight, block_start, block_slot, block_m_for(p))
+    plan_pairs(ids, weights, table, tok, slot, weight, start, block_slot, row_of, in_place, uses)
+    return PairBlocks(tok, slot, weight, start, block_slot, block_m_for(p), row_of)
 
 
 def blocks_from_groups(groups, slots: list[int], device) -> PairBlocks:
@@ -133,7 +142,8 @@ def blocks_from_groups(groups, slots: list[int], device) -> PairBlocks:
 
 
 def moe_pairs(x, bank: dict, blocks: PairBlocks, backend: str, fmt: str, host=None) -> torch.Tensor:
-    """-> y [P, D] float32: weight * FFN_slot(x[tok]) per pair row (0 where the slot is -1).
+    """-> y [P, D] float32: weight * FFN_slot(x[tok]) per pair row (rows whose slot is -1 are
+    not computed: undefined with Triton, 0 with torch; reduce_pairs leaves them out).
     `bank`: part name -> [N, ...] in expert format `fmt`; `host` (zero-copy decode): a bank
     of the same format, part -> [E, ...] in pinned host memory: slot N + e reads its expert e
     there, in place."""
@@ -144,11 +154,21 @@ def moe_pairs(x, bank: dict, blocks: PairBlocks, backend: str, fmt: str, host=No
     return torch_moe_pairs(x, bank, blocks, fmt, host)
 
 
-def reduce_pairs(blocks: PairBlocks, y: torch.Tensor, tokens: int) -> torch.Tensor:
-    """-> [T, D] float32: each token's pair outputs summed (the same order for every strategy
-    on the CPU, so resident and offload agree bit for bit there)."""
+def reduce_pairs(
+    blocks: PairBlocks, y: torch.Tensor, tokens: int, dtype=torch.float32, backend: str = "torch"
+) -> torch.Tensor:
+    """-> [T, D] in `dtype`: each token's pair outputs y [P, D] summed in float32, rows whose
+    slot is -1 left out (moe_pairs leaves them unwritten). Triton, where the plan says where each
+    token's pairs are (`row_of`): one launch, each token's K rows in routing order; else torch's
+    index_add_ (the same order for every strategy on the CPU, so resident and offload agree bit
+    for bit there)."""
+    if backend == "triton" and blocks.row_of is not None:
+        from ft.engine.experts.triton_moe import triton_reduce_pairs
+
+        return triton_reduce_pairs(y, blocks.row_of, blocks.slot, tokens, dtype)
+    y = torch.where((blocks.slot >= 0)[:, None], y, 0.0)
     acc = torch.zeros(tokens, y.shape[1], dtype=torch.float32, device=y.device)
-    return acc.index_add_(0, blocks.tok, y)
+    return acc.index_add_(0, blocks.tok, y).to(dtype)
 
 
 def torch_moe_pairs(x, bank: dict, blocks: PairBlocks, fmt: str, host=None) -> torch.Tensor:

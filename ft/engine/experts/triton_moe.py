@@ -39,7 +39,7 @@ from ft.errors import FtError
 # per chunk: 128 B for bf16/int8/fp8 (BK 64/128), 128 B for nvfp4 (BK 256 = 128 packed bytes).
 # Constraints: fp8_block needs 128 % BK == 0; nvfp4 needs BK % 32 == 0 (two K/2 dots of >= 16).
 TILES = {  # fmt -> (gate/up tiles, down tiles); scripts/bench_moe_kernels.py --sweep tunes them
-    "bf16": (dict(BN=32, BK=128), dict(BN=64, BK=64)),
+    "bf16": (dict(BN=32, BK=128), dict(BN=64, BK=128)),
     "int8": (dict(BN=32, BK=128), dict(BN=64, BK=128)),
     "fp8_block": (dict(BN=32, BK=128), dict(BN=64, BK=128)),
     "nvfp4": (dict(BN=32, BK=256), dict(BN=32, BK=256)),
@@ -260,8 +260,12 @@ def _operands(bank: dict, name: str, fmt: str) -> tuple:
 
 def tiles_for(fmt: str, bm: int, dtype: torch.dtype) -> tuple[dict, dict]:
     """(gate/up, down) tiles: TILES, with a shorter K-chunk where that one spills registers
-    (ptxas, sm_90): quantised banks under fp32 activations (FMA dots), nvfp4 at BM > 16."""
+    (ptxas, sm_90): quantised banks under fp32 activations (FMA dots), nvfp4 at BM > 16; and
+    wider gate/up tiles for bf16 past 16 pair rows a block (batch 4: 82.9 against 92.5 us a
+    layer, round AK's sweep; at batch 1 they lose, 32.5 against 28.0)."""
     gu, dn = TILES[fmt]
+    if fmt == "bf16" and bm > 16:
+        gu = dict(BN=64, BK=64)
     if fmt != "bf16" and dtype == torch.float32:
         return {**gu, "BK": 32}, {**dn, "BK": 32}
     if fmt == "nvfp4" and bm > 16:
@@ -293,9 +297,10 @@ def _host_offsets(bank: dict, host: dict | None, name: str, fmt: str) -> tuple[i
 
 
 def triton_moe_pairs(x: torch.Tensor, bank: dict, blocks, fmt: str, host=None) -> torch.Tensor:
-    """-> y [P, D] float32 (0 on rows no live block covers). Two kernel launches. bank: part
-    name -> [N, ...] per the contract ("w13", "w2" and the format's scales); host (zero-copy
-    decode): the same parts [E, ...] in pinned host memory, which slot N + e reads in place."""
+    """-> y [P, D] float32 (rows no live block covers are left unwritten). Two kernel launches.
+    bank: part name -> [N, ...] per the contract ("w13", "w2" and the format's scales); host
+    (zero-copy decode): the same parts [E, ...] in pinned host memory, which slot N + e reads
+    in place."""
     if fmt not in TILES:
         raise FtError(f"unknown expert format {fmt!r} (one of {', '.join(TILES)})")
     w13, s13, s2_13, strides13 = _operands(bank, "w13", fmt)
@@ -306,7 +311,7 @@ def triton_moe_pairs(x: torch.Tensor, bank: dict, blocks, fmt: str, host=None) -
     inter, nb, bm = w13.shape[1] // 2, blocks.block_start.shape[0], blocks.block_m
     x = x.contiguous()
     h = torch.empty(P, inter, dtype=torch.float32, device=x.device)
-    y = torch.zeros(P, D, dtype=torch.float32, device=x.device)
+    y = torch.empty(P, D, dtype=torch.float32, device=x.device)  # dead rows: never read
     exact = DOT_F32 or x.dtype == torch.float32  # fp32 models stay fp32 (no tf32)
     cdt = _TL_DTYPE[w13.dtype if fmt == "bf16" else x.dtype]  # bf16: as today, the bank's dtype
     const = dict(BM=bm, FMT=fmt, CDT=cdt, PREC="ieee" if exact else "tf32", F32=DOT_F32)
@@ -321,3 +326,33 @@ def triton_moe_pairs(x: torch.Tensor, bank: dict, blocks, fmt: str, host=None) -
         y.stride(0), nslot, *host2, **const, **dn,
     )  # fmt: skip
     return y
+
+
+@triton.jit
+def _reduce_kernel(
+    y_ptr, row_ptr, slot_ptr, out_ptr, D, stride_y, stride_o,
+    K: tl.constexpr, BD: tl.constexpr, DTYPE: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    ok = cols < D
+    acc = tl.zeros((BD,), dtype=tl.float32)
+    for k in tl.static_range(K):  # token t's pairs in routing order: a fixed order of sums
+        row = tl.load(row_ptr + t * K + k)
+        part = tl.load(y_ptr + row * stride_y + cols, mask=ok, other=0.0)
+        acc += tl.where(tl.load(slot_ptr + row) >= 0, part, 0.0)  # slot -1: not computed
+    tl.store(out_ptr + t * stride_o + cols, acc.to(DTYPE), mask=ok)
+
+
+def triton_reduce_pairs(y, row_of, slot, tokens: int, dtype) -> torch.Tensor:
+    """-> [T, D] in `dtype`: token t's K pair rows of y [P, D] (rows row_of[t K : t K + K]),
+    those with a slot, summed in float32; one launch where torch takes four (two fills, an
+    index_add_ and the cast: ~8 us of a decode layer's kernels at batch 1, round AK)."""
+    P, D = y.shape  # noqa: N806
+    out = torch.empty(tokens, D, dtype=dtype, device=y.device)
+    bd = min(1024, triton.next_power_of_2(D))
+    _reduce_kernel[(tokens, triton.cdiv(D, bd))](
+        y, row_of, slot, out, D, y.stride(0), out.stride(0), K=P // tokens, BD=bd,
+        DTYPE=_TL_DTYPE[dtype],
+    )  # fmt: skip
+    return out

@@ -71,11 +71,11 @@ class MoeStrategy:
         the layers before it; guesses: (later layer, ids [T][K]) nearest first."""
         raise NotImplementedError
 
-    def run_blocks(self, x, bank, blocks: PairBlocks, host=None) -> torch.Tensor:
-        """-> [T, D] float32: each token's pairs of the work list, computed from a bank of
-        slots (or in place from a `host` bank: moe_pairs) and summed, no host sync."""
+    def run_blocks(self, x, bank, blocks: PairBlocks, host=None, dtype=torch.float32):
+        """-> [T, D] in `dtype`: each token's pairs of the work list, computed from a bank of
+        slots (or in place from a `host` bank: moe_pairs) and summed in float32, no host sync."""
         y = moe_pairs(x, bank, blocks, self.kernel, self.fmt, host)  # [P, D]
-        return reduce_pairs(blocks, y, x.shape[0])
+        return reduce_pairs(blocks, y, x.shape[0], dtype, self.kernel)
 
     def compute_groups(self, x, bank, groups, slots: list[int], out) -> None:
         """out += every group's experts, read from bank slots `slots`: one batched compute."""

@@ -49,14 +49,14 @@ class OffloadStrategy(MoeStrategy):
         self.cache.prefetch(layer, [e for row in topk_ids for e in row], keep_layer)
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        return self.device_share(layer, x, topk_ids, topk_weights).to(x.dtype)
+        return self.device_share(layer, x, topk_ids, topk_weights, x.dtype)
 
-    def device_share(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        """-> [T, D] float32: the layer's experts that hold a slot, from the slot table row
+    def device_share(self, layer, x, topk_ids, topk_weights, dtype=torch.float32):
+        """-> [T, D] in `dtype`: the layer's experts that hold a slot, from the slot table row
         written at the stop (an expert with none, -1, is skipped)."""
         table = self.cache.slot_table[layer]  # [E] expert -> slot
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel)
-        return self.run_blocks(x, self.cache.bank, blocks)
+        return self.run_blocks(x, self.cache.bank, blocks, dtype=dtype)
 
     def run_groups(self, layer, x, groups, out) -> None:
         step = self.cache.num_slots  # a layer needing more experts than slots goes in chunks

@@ -31,9 +31,9 @@ class ResidentStrategy(MoeStrategy):
         return self.compute(layer, x, topk_ids, topk_weights)
 
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        blocks = plan_blocks(topk_ids, topk_weights, backend=self.kernel)  # slot = expert id
-        self._uses_on_device += (blocks.block_slot >= 0).sum()  # distinct experts, no sync
-        return self.run_blocks(x, self.banks[layer], blocks).to(x.dtype)
+        # slot = expert id; the plan counts the distinct experts on the device (no sync)
+        blocks = plan_blocks(topk_ids, topk_weights, backend=self.kernel, uses=self._uses_on_device)
+        return self.run_blocks(x, self.banks[layer], blocks, dtype=x.dtype)
 
     def run_groups(self, layer, x, groups, out) -> None:
         slots = [g.expert for g in groups]

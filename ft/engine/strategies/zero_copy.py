@@ -43,13 +43,13 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
     def decode_fits(self, pairs: int) -> bool:
         return MoeStrategy.decode_fits(self, pairs)  # a miss needs no slot: any cache size
 
-    def device_share(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        """-> [T, D] float32: every routed expert, from its slot or in place from the host."""
+    def device_share(self, layer, x, topk_ids, topk_weights, dtype=torch.float32):
+        """-> [T, D] in `dtype`: every routed expert, from its slot or in place from the host."""
         cache = self.cache
         table = cache.slot_table[layer]  # [E] expert -> slot, -1: none (read in place)
         in_place = InPlace(cache.num_slots, self._in_place, cache.ready, cache.code(layer, 0))
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
-        return self.run_blocks(x, cache.bank, blocks, host=self.store.banks[layer])
+        return self.run_blocks(x, cache.bank, blocks, self.store.banks[layer], dtype)
 
     def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple]) -> None:
         """The GPU has routed `layer` (ids [T][K]) and finished the layers before it; guesses:
