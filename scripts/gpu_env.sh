@@ -17,5 +17,5 @@ PY
 }
 # the 48-layer preset the rounds measure, written fresh (a lent machine's /tmp starts empty)
 synth_q30() {
-  timeout 130 python3 -m ft model synth --preset qwen3-30b-a3b --out /tmp/q30 2>&1 | tail -1
+  timeout 200 python3 -m ft model synth --preset qwen3-30b-a3b --out /tmp/q30 2>&1 | tail -1
 }
