@@ -172,9 +172,9 @@ def route_topk(logits, top_k: int, norm: bool, ids, weights, routers: int = 1, m
     int64 (rows may be strided), each router's softmax top-k in turn, also written to `mirror`
     (the same layout) if given; weights [T, K] (their dtype), the first router's."""
     T, E = logits.shape[0], logits.shape[1] // routers  # noqa: N806
+    copy = mirror if mirror is not None else ids  # without one: a stand-in, never written
     _route_kernel[(T, routers)](
-        logits, ids, weights, mirror if mirror is not None else ids, E, logits.stride(0),
-        ids.stride(0), (mirror if mirror is not None else ids).stride(0), K=top_k,
+        logits, ids, weights, copy, E, logits.stride(0), ids.stride(0), copy.stride(0), K=top_k,
         KP=triton.next_power_of_2(top_k), BE=triton.next_power_of_2(E), NORM=norm,
         DTYPE=_DTYPES[str(weights.dtype)], MIRROR=mirror is not None,
     )  # fmt: skip
