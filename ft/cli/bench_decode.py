@@ -72,7 +72,7 @@ def bench_decode(
         max_fetch=engine.moe_hybrid_max_fetch, cpu_moe_threads=engine.cpu_moe_threads,
         moe_prefetch=engine.moe_prefetch, moe_prefetch_depth=engine.moe_prefetch_depth,
         moe_prefetch_window=engine.moe_prefetch_window, pin_engine_thread=engine.pin_engine_thread,
-        moe_zero_copy=engine.moe_zero_copy,
+        moe_zero_copy=engine.moe_zero_copy, moe_gates=engine.moe_gates,
         expert_format=engine.expert_format,
         profile=str(profile) if profile else None, peer=peer,
         trace=str(trace) if trace else None,

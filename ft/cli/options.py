@@ -105,6 +105,16 @@ class EngineFlags:
             "experts, at batch > 1 (docs/perf.md).",
         ),
     ] = None
+    moe_gates: Annotated[
+        bool,
+        typer.Option(
+            "--moe-gates/--no-moe-gates",
+            help="offload, CUDA graphs: decode as one graph per step whose MoE layers each wait "
+            "on the device (a gate in pinned memory) until the host has fetched their misses, "
+            "instead of a host sync and launch per layer. Ahead of host stops at batch 4, level "
+            "at batch 1 (docs/perf.md).",
+        ),
+    ] = False
     pin_engine_thread: Annotated[
         bool,
         typer.Option(

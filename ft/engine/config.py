@@ -180,6 +180,7 @@ class EngineConfig:
     moe_prefetch_window: int | None = None  # guesses queued for copy at once; None: the strategy's
     pin_engine_thread: bool = False  # pin the stepping thread to a core the CPU pool leaves
     moe_zero_copy: bool | None = None  # offload: misses read in place; None: the default
+    moe_gates: bool = False  # offload: decode as one graph whose layers wait on device gates
     bw_profile: str | None = None  # None: $FT_CACHE_DIR/benchbw.json
 
     def __post_init__(self) -> None:
@@ -222,10 +223,16 @@ class EngineConfig:
         if self.memory_margin_gib < 0:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
         check_prefetch_depth(self.moe_prefetch_depth)
-        if self.moe_zero_copy and self.moe_strategy != "offload":
+        for flag, on in (("--moe-zero-copy", self.moe_zero_copy), ("--moe-gates", self.moe_gates)):
+            if on and self.moe_strategy != "offload":
+                raise FtError(
+                    f"{flag} is offload's (got --moe-strategy {self.moe_strategy}): hybrid's "
+                    "CPU share needs the host's stop, resident has no misses"
+                )
+        if self.moe_zero_copy and self.moe_gates:
             raise FtError(
-                f"--moe-zero-copy is offload's (got --moe-strategy {self.moe_strategy}): hybrid's "
-                "CPU share needs the host's stop, resident has no misses"
+                "--moe-zero-copy and --moe-gates are two ways to meet a miss (read it in place, "
+                "or wait for its copy): pick one"
             )
         if self.moe_prefetch_window is not None and self.moe_prefetch_window < 0:
             raise FtError(f"moe_prefetch_window must be 0 or more, got {self.moe_prefetch_window}")
@@ -268,8 +275,9 @@ class EngineConfig:
         every guess at once). Measured on the H200 (docs/perf.md): a window of 2 made offload
         11-17% faster at batch 4 (level at batch 1) and hybrid 8-18% slower (a held guess that
         turns into a miss may go to its CPU; rounds Y to AA); zero-copy offload was fastest
-        with 8 (its work list waits for a queued copy, and reads the rest in place; round AG).
-        So: 2 for offload, 8 for offload --moe-zero-copy, none for hybrid."""
+        with 8 (its work list waits for a queued copy, and reads the rest in place; round AG),
+        offload --moe-gates with 2 at batch 4 (round AM). So: 2 for offload (gates or not), 8
+        for offload --moe-zero-copy, none for hybrid."""
         if self.moe_prefetch_window is not None:
             return self.moe_prefetch_window
         if self.moe_strategy != "offload":
@@ -281,6 +289,13 @@ class EngineConfig:
         """offload: decode reads a miss in place from host memory and never stops for the host
         (ft.engine.strategies.zero_copy), rather than copying it in at a host stop."""
         return bool(self.moe_zero_copy) and self.moe_strategy == "offload"
+
+    @property
+    def gates(self) -> bool:
+        """offload: decode is one graph per step whose MoE layers each wait on the device until
+        the host has fetched their misses (ft.engine.strategies.zero_copy), rather than a host
+        stop per layer."""
+        return self.moe_gates and self.moe_strategy == "offload"
 
     def describe(self) -> str:
         """The body of the `Resolved config:` log line."""

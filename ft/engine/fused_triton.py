@@ -117,6 +117,9 @@ def _route_kernel(
 
 # polls of a queued copy's ready mark (~0.3 us each) before the expert is read in place instead
 MAX_SPINS = tl.constexpr(1 << 13)
+# polls of a gate (pinned memory, ~1 us each) before the layer goes on without the host, reading
+# its misses in place: the host opens a gate within ~20 us of the layer's routing, save a stall
+MAX_GATE_SPINS = tl.constexpr(1 << 14)
 
 
 @triton.jit
@@ -135,15 +138,26 @@ def _ready_slots(slot, key, ok, ready_ptr, CODE, WAIT: tl.constexpr):
 
 
 @triton.jit
+def _wait_for_host(gate_ptr):
+    """Poll the layer's gate (bounded) until the host opens it."""
+    spins = 0
+    while (tl.load(gate_ptr, volatile=True) == 0) & (spins < MAX_GATE_SPINS):
+        spins += 1
+
+
+@triton.jit
 def _plan_kernel(
     ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, row_ptr,
-    count_ptr, uses_ptr, ready_ptr, P, NSLOT, CODE, stride_ids, K: tl.constexpr, BP: tl.constexpr,
-    TABLE: tl.constexpr, IN_PLACE: tl.constexpr, WAIT: tl.constexpr, USES: tl.constexpr,
+    count_ptr, uses_ptr, ready_ptr, gate_ptr, P, NSLOT, CODE, stride_ids, K: tl.constexpr,
+    BP: tl.constexpr, TABLE: tl.constexpr, IN_PLACE: tl.constexpr, WAIT: tl.constexpr,
+    GATE: tl.constexpr, USES: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, BP)
     ok = i < P
     at = (i // K) * stride_ids + i % K  # ids [T, K] may be a strided view
     key = tl.load(ids_ptr + at, mask=ok, other=2**30).to(tl.int32)  # padding sorts last
+    if GATE:  # device gates: the host has fetched the layer's misses once it opens the gate
+        _wait_for_host(gate_ptr)
     if TABLE:  # volatile: the host may rewrite the table while a step runs (zero-copy decode)
         slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
     else:
@@ -188,17 +202,19 @@ def plan_pairs(
     first row owning a block; slot = table[expert] (table None: the expert id itself); row_of
     [P]: the row each pair (in routing order) lands on. in_place (grouped.InPlace, zero-copy
     decode): an expert whose slot is not ready gets num_slots + expert (read from the host store
-    in place) and counts once in its misses. uses (a device counter): += the distinct experts
-    computed from a slot."""
+    in place) and counts once in its misses; with a gate, the plan first waits for the host to
+    open it (it has then fetched the layer's misses: ft.engine.experts.zero_copy). uses (a
+    device counter): += the distinct experts computed from a slot."""
     P, K = ids.numel(), ids.shape[1]  # noqa: N806
     if in_place is None:  # its operands are never read: stand-ins
-        count, ready, num_slots, code_base, wait = ids, ids, 0, 0, False
+        count, ready, num_slots, code_base, wait, gate = ids, ids, 0, 0, False, None
     else:
         count, ready, wait = in_place.misses, in_place.ready, in_place.wait
-        num_slots, code_base = in_place.num_slots, in_place.code_base
+        num_slots, code_base, gate = in_place.num_slots, in_place.code_base, in_place.gate
     _plan_kernel[(1,)](
         ids, weights, table if table is not None else ids, tok, slot, weight, block_start,
-        block_slot, row_of, count, uses if uses is not None else ids, ready, P, num_slots,
-        code_base, ids.stride(0), K=K, BP=triton.next_power_of_2(P), TABLE=table is not None,
-        IN_PLACE=in_place is not None, WAIT=wait, USES=uses is not None,
+        block_slot, row_of, count, uses if uses is not None else ids, ready,
+        gate if gate is not None else ids, P, num_slots, code_base, ids.stride(0), K=K,
+        BP=triton.next_power_of_2(P), TABLE=table is not None, IN_PLACE=in_place is not None,
+        WAIT=wait, GATE=gate is not None, USES=uses is not None,
     )  # fmt: skip

@@ -6,8 +6,9 @@ captured once per (batch size, KV length bucket) and replayed:
     resident (graph_safe):        [embed, L0 .. L47, norm, lm_head]           1 graph
     offload, hybrid (host_stop):  [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
                                   -host- ... [L47 experts, norm, lm_head]     49 graphs
-    offload --moe-zero-copy       the same 49 stretches as 1 graph; the host
-    (host_follows):               follows it, never stops it
+    offload --moe-zero-copy,      the same 49 stretches as 1 graph; the host
+    --moe-gates (host_follows):   follows it, never stops it (gates: each MoE
+                                  layer waits on the device for the host)
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
 misses (copies on the cache's stream) and writes their slots in the cache's slot table, which the
@@ -24,7 +25,9 @@ routers (consecutive rows of MoeModel.routers) and one top-k write the ids, gues
 With zero-copy misses (`follow_step`), the expert kernels read a missing expert from host memory
 themselves, so no stretch waits for the host: the whole step is queued as one graph, each stretch
 writes its routing rows into pinned memory (`StopRows`), and the host, polling those, does each
-cut's bookkeeping and copies while the GPU runs ahead.
+cut's bookkeeping and copies while the GPU runs ahead; with device gates (`--moe-gates`) each
+layer's work list first waits on the device until the host has done that cut's part
+(ft.engine.experts.zero_copy), so the GPU never runs past the host.
 Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
 step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
 masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
@@ -211,11 +214,13 @@ def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
 
 
 def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> torch.Tensor:
-    """The host's side of a zero-copy decode step: `launch()` queues the whole step (the GPU
-    waits for no one) and returns its logits; then, cut by cut as the GPU publishes them, the
-    host hands the routed ids and the guesses of the next cuts to `strategy.follow`, which
-    copies experts in for later layers and tokens. A guess for a cut the GPU has routed
-    already is dropped: it comes too late to help."""
+    """The host's side of a decode step it follows (zero-copy, device gates): `launch()`
+    queues the whole step (zero-copy: the GPU waits for no one; gates: each cut for its
+    `follow`, the gates shut first by `begin_step`) and returns its logits; then, cut by cut as
+    the GPU publishes them, the host hands the routed ids and the guesses of the next cuts to
+    `strategy.follow`, which copies experts in for this cut (gates), later layers and tokens.
+    A guess for a cut the GPU has routed already is dropped: it comes too late to help."""
+    strategy.begin_step()
     out = launch()
     top_k = rows.width // (1 + strategy.prefetch_depth)
     for k, cut in enumerate(cuts):

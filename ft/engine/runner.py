@@ -131,7 +131,10 @@ class LLMEngine:
         per = "step" if one_graph else "stretch between MoE layers' host stops"
         keys = "" if graphs.bucket == self.max_model_len else f" and {graphs.bucket}-key bucket"
         how = ""
-        if strategy.host_follows:
+        if strategy.host_follows and strategy.gates:
+            how = " (device gates: each MoE layer waits on the GPU until the host has fetched its "
+            how += "misses; no host sync or launch per layer)"
+        elif strategy.host_follows:
             how = " (zero-copy: misses read in place from host memory; the host follows each MoE "
             how += "layer and never stops the GPU)"
         log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}{how}")

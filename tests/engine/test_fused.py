@@ -106,14 +106,17 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
         no_slot = torch.where(torch.arange(experts) % 3 == 0, -1, table).to(torch.int32)
         ready = torch.full((experts,), -7, dtype=torch.int32)
         ready[table[0::2].long()] = 5 * experts + torch.arange(0, experts, 2, dtype=torch.int32)
-        misses = [torch.zeros(1, dtype=torch.long) for _ in range(2)]
-        got, want = (
-            plan_blocks(ids, weights, no_slot, kind, InPlace(experts, m, ready, 5 * experts, False))
-            for kind, m in zip(("triton", "torch"), misses)
-        )
-        for field in ("tok", "slot", "weight", "block_start", "block_slot", "row_of"):
-            assert torch.equal(getattr(got, field), getattr(want, field)), field
-        assert int(misses[0]) == int(misses[1]) > 0 and (got.slot >= experts).any()
+        # with a gate the host has opened already: the same list (the table read twice)
+        code = 5 * experts
+        for g in (None, torch.ones(1, dtype=torch.int32)):
+            misses = [torch.zeros(1, dtype=torch.long) for _ in range(2)]
+            got, want = (
+                plan_blocks(ids, weights, no_slot, kind, InPlace(experts, m, ready, code, False, g))
+                for kind, m in zip(("triton", "torch"), misses)
+            )
+            for field in ("tok", "slot", "weight", "block_start", "block_slot", "row_of"):
+                assert torch.equal(getattr(got, field), getattr(want, field)), field
+            assert int(misses[0]) == int(misses[1]) > 0 and (got.slot >= experts).any()
 print("ok")
 """
 

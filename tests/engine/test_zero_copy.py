@@ -5,6 +5,7 @@ zero_copy, ft.engine.strategies.zero_copy, graphs.follow_step / StopRows). On th
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 
@@ -17,6 +18,7 @@ from ft.engine.experts.zero_copy import ZeroCopyCache
 from ft.engine.graphs import Handoff, StopRows, cut_layers, follow_step, run_stretch
 from ft.engine.runner import LLMEngine, SamplingParams
 from ft.errors import FtError
+from tests.engine.interpreter import run_interpreted
 from tests.engine.test_expert_cache import copies, make_store  # noqa: F401  (a fixture)
 from tests.engine.test_runner import PROMPTS, run_all
 
@@ -25,17 +27,25 @@ def engine(model_dir, device="cpu", **kw) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(model_dir), device=device, dtype="float32", **kw))
 
 
-def test_zero_copy_offload_decodes_like_resident_and_counts_what_it_read_in_place(synth_tiny):
+@pytest.mark.parametrize("mode", ["zero_copy", "gates"])
+def test_zero_copy_offload_decodes_like_resident_and_counts_what_it_read_in_place(synth_tiny, mode):
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     resident = run_all(engine(synth_tiny[0]), PROMPTS, params)
-    zero_copy = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6, moe_zero_copy=True)
+    zero_copy = engine(
+        synth_tiny[0], moe_strategy="offload", moe_cache_size=6, **{f"moe_{mode}": True}
+    )
     assert type(zero_copy.strategy).__name__ == "ZeroCopyOffloadStrategy"
+    assert zero_copy.strategy.gates == (mode == "gates")
     assert run_all(zero_copy, PROMPTS, params) == resident  # batch 4, a cache of 6 slots
     one = run_all(zero_copy, PROMPTS[:1], params)  # batch 1 on the warm cache
     assert one == {0: resident[0]}
     c = zero_copy.strategy.counters()
     assert c["cache_hits"] + c["cache_misses"] == c["expert_uses"]
-    assert c["experts_in_place"] > 0 and c["cache_hits"] > 0  # some read in place, some cached
+    assert c["cache_misses"] > 0 and c["cache_hits"] > 0
+    if mode == "zero_copy":  # a miss is read in place
+        assert c["experts_in_place"] == c["cache_misses"] - zero_copy.strategy.cache.misses > 0
+    else:  # copied and waited for; in place only where the layer's experts outnumber the slots
+        assert 0 < c["cache_misses"] - c["experts_in_place"] <= c["experts_fetched"]
     expert_bytes = zero_copy.strategy.store.expert_bytes
     assert c["bytes_fetched"] == (c["experts_fetched"] + c["experts_in_place"]) * expert_bytes
 
@@ -45,6 +55,11 @@ def test_zero_copy_offload_decodes_like_resident_and_counts_what_it_read_in_plac
     [
         (dict(moe_strategy="hybrid", moe_zero_copy=True), "--moe-zero-copy is offload's"),
         (dict(moe_strategy="resident", moe_zero_copy=True), "--moe-zero-copy is offload's"),
+        (dict(moe_strategy="hybrid", moe_gates=True), "--moe-gates is offload's"),
+        (
+            dict(moe_strategy="offload", moe_gates=True, moe_zero_copy=True),
+            "--moe-zero-copy and --moe-gates are two ways",
+        ),
     ],
 )
 def test_zero_copy_is_offload_s(settings, message):
@@ -76,6 +91,77 @@ def test_a_slot_not_ready_is_read_in_place_and_counted_once():
     whole = plan_blocks(ids, weights, None, "torch")  # slot = expert: all from the store
     expected = reduce_pairs(whole, moe_pairs(x, bank, whole, "torch", "bf16"), 3)
     torch.testing.assert_close(got, expected)
+
+
+_GATED = """
+import threading, time
+import torch
+from ft.engine.experts.grouped import InPlace, plan_blocks
+
+table = torch.tensor([0, -1, -1, -1], dtype=torch.int32)  # expert 0 in slot 0; 1 and 3: none yet
+ready = torch.tensor([0, -1, -1], dtype=torch.int32)  # layer 0: a slot's mark is its expert
+gate = torch.zeros(1, dtype=torch.int32)
+weights, misses = torch.rand(2, 2), torch.zeros(1, dtype=torch.long)
+
+def host():  # opens the layer late: expert 1 copied into slot 2 (landed), no slot for 3
+    time.sleep(0.3)
+    table[1], ready[2], gate[0] = 2, 1, 1
+
+def plan(ids):
+    follower = threading.Thread(target=host)
+    start = time.monotonic()
+    follower.start()
+    blocks = plan_blocks(ids, weights, table, "triton", InPlace(3, misses, ready, 0, False, gate))
+    follower.join()
+    return blocks, time.monotonic() - start
+
+blocks, waited = plan(torch.tensor([[0, 1], [3, 0]]))
+assert sorted(blocks.slot.tolist()) == [0, 0, 2, 3 + 3], blocks.slot  # 3 read in place
+assert int(misses) == 1 and waited >= 0.3
+gate[0], table[1], ready[2] = 0, -1, -1
+blocks, waited = plan(torch.tensor([[0, 0], [0, 0]]))  # nothing missing: it waits all the same
+assert blocks.slot.tolist() == [0] * 4 and waited >= 0.3 and int(misses) == 1
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.timeout(120)
+def test_a_gated_plan_waits_for_the_host_then_reads_the_table():
+    """A layer's work list waits at its gate until the host opens it (the interpreter's kernel
+    polls the tensors a thread writes), then reads the table: the expert copied meanwhile comes
+    from its slot, the one the host found no slot for is read in place."""
+    proc = run_interpreted(_GATED, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
+
+
+def test_gates_copy_a_layer_s_misses_first_then_open_it(copies):  # noqa: F811
+    cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", 1, gates=True)
+    assert cache.reserve == 0 and int(cache.gate[0]) == 0
+    cache.follow(0, [1, 2], [(1, [3]), (2, [4])])
+    assert cache.cached()[:2] == [(0, 1), (0, 2)]  # the misses before any guess, window or not
+    assert int(cache.gate[0]) == 1 and cache.misses == 2 and cache.prefetched == 1
+    assert cache.held == [(2, 4)] and not cache._later
+    for expert in (1, 2):  # named in the table, marked ready behind their data
+        slot = cache.slot_of(0, expert)
+        assert int(cache.slot_table[0, expert]) == slot
+        assert int(cache.ready[slot]) == cache.code(0, expert)
+    copies.finish()
+    cache.follow(1, [3, 5], [])
+    assert cache.misses == 3 and cache.prefetch_hits == 1 and int(cache.gate[1]) == 1
+    cache.begin_step()  # the next step: every gate shut
+    assert int(cache.gate.sum()) == 0
+
+
+def test_gates_take_the_slot_of_any_layer_but_the_one_they_open(copies):  # noqa: F811
+    cache = ZeroCopyCache(make_store(layers=3, experts=8), 2, "cpu", gates=True)
+    cache.ensure(2, [0, 1])  # both slots: a layer the GPU has not reached; its gate is shut
+    cache.follow(0, [1, 2], [])
+    assert cache.cached() == [(0, 1), (0, 2)] and int(cache.slot_table[2, 0]) == -1
+    cache.follow(0, [1, 2, 3], [])  # more experts than slots: the third has none to take
+    assert cache.cached() == [(0, 1), (0, 2)] and int(cache.slot_table[0, 3]) == -1
+    assert cache.misses == 2 + 2 + 1 and int(cache.gate[0]) == 1  # opened all the same
 
 
 def test_a_copy_marks_its_slot_ready_with_the_expert_s_code():
@@ -148,10 +234,13 @@ class LazyDevice:
         return self.rows.ready(k, b)
 
 
-def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_tiny):
+@pytest.mark.parametrize("mode", ["zero_copy", "gates"])
+def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_tiny, mode):
     from tests.engine.test_graphs import decode_batch
 
-    zero_copy = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6, moe_zero_copy=True)
+    zero_copy = engine(
+        synth_tiny[0], moe_strategy="offload", moe_cache_size=6, **{f"moe_{mode}": True}
+    )
     model, strategy = zero_copy.model, zero_copy.strategy
     batch = decode_batch(zero_copy)
     cuts = cut_layers(model, strategy)
@@ -160,7 +249,8 @@ def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_ti
     real_follow = strategy.follow
     strategy.follow = lambda *a: followed.append(a) or real_follow(*a)
     results = []
-    for ahead in (0, 1):  # the GPU level with the host; one cut ahead of it
+    # the GPU level with the host; one cut ahead of it (zero-copy: gates keep it level)
+    for ahead in (0, 1) if mode == "zero_copy" else (0,):
         width = (1 + strategy.prefetch_depth) * model.cfg.top_k
         rows = StopRows(len(cuts), 4, width, "cpu")
         buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu", 2) for _ in range(2)]
@@ -225,11 +315,12 @@ def test_the_kernels_read_a_miss_in_place_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-def test_zero_copy_decodes_like_resident_on_cuda(synth_tiny, monkeypatch, graphs):
+@pytest.mark.parametrize("mode", ["zero_copy", "gates"])
+def test_zero_copy_decodes_like_resident_on_cuda(synth_tiny, monkeypatch, graphs, mode):
     from tests.engine.test_graphs import generate
 
     resident, _ = generate(synth_tiny[0], monkeypatch, graphs=False)
-    config = dict(moe_strategy="offload", moe_cache_size=14, moe_zero_copy=True)  # evicts
+    config = dict(moe_strategy="offload", moe_cache_size=14, **{f"moe_{mode}": True})  # evicts
     got, stats = generate(synth_tiny[0], monkeypatch, graphs=graphs, **config)
     assert got == resident
     assert stats.cache_hits + stats.cache_misses == stats.expert_uses
@@ -254,3 +345,32 @@ def test_the_plan_waits_for_a_queued_copy_and_reads_in_place_past_its_bound():
     torch.cuda.synchronize()
     assert sorted(blocks.slot.tolist()) == [0, 4 + 1]  # waited for slot 0; expert 1 in place
     assert int(misses) == 1
+
+
+@pytest.mark.gpu
+def test_a_gated_plan_waits_for_the_host_on_cuda_and_not_past_its_bound():
+    """The host opens the layer 5 ms after the plan is queued: the plan waits for it, then for
+    the copy's mark, and takes the slot; a gate never opened lets it go (in place)."""
+    from ft.engine.experts.cache import device_view
+
+    host_table = torch.tensor([0, -1, -1], dtype=torch.int32).pin_memory()
+    host_gate = torch.zeros(1, dtype=torch.int32).pin_memory()
+    table, gate = (device_view(t, torch.device("cuda")) for t in (host_table, host_gate))
+    ready = torch.tensor([0, -1, -1], dtype=torch.int32, device="cuda")
+    ids, weights = torch.tensor([[0, 1]], device="cuda"), torch.rand(1, 2, device="cuda")
+    misses = torch.zeros(1, dtype=torch.long, device="cuda")
+    blocks = plan_blocks(ids, weights, table, "triton", InPlace(3, misses, ready, 0, True, gate))
+    time.sleep(0.005)  # the plan polls the gate meanwhile
+    side, mark = torch.cuda.Stream(), torch.tensor([1], dtype=torch.int32).pin_memory()
+    with torch.cuda.stream(side):  # the host's copy of expert 1 into slot 2, its mark behind
+        ready[2:3].copy_(mark, non_blocking=True)
+    host_table[1] = 2
+    host_gate[0] = 1
+    torch.cuda.synchronize()
+    assert sorted(blocks.slot.tolist()) == [0, 2] and int(misses) == 0
+    host_gate[0], host_table[1] = 0, -1
+    start = time.monotonic()
+    blocks = plan_blocks(ids, weights, table, "triton", InPlace(3, misses, ready, 0, True, gate))
+    torch.cuda.synchronize()
+    assert sorted(blocks.slot.tolist()) == [0, 3 + 1] and int(misses) == 1
+    assert time.monotonic() - start < 5.0  # bounded: ~16k polls of pinned memory

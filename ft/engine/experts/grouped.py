@@ -51,13 +51,18 @@ class InPlace:
     from row `expert` of the host bank (slot `num_slots + expert` of the work list; see
     moe_pairs) and counted in `misses`. A slot is ready once `ready[slot]` holds the expert's
     code, `code_base + expert`, which the copy engine writes there behind the expert's data.
-    On CUDA the plan waits a bounded time for a slot whose copy is still queued (`wait`)."""
+    On CUDA the plan waits a bounded time for a slot whose copy is still queued (`wait`), and,
+    given a `gate` (device gates), first for the host to open it: the host has then queued the
+    copies of the layer's misses and named their slots in the table (ft.engine.experts.
+    zero_copy). The torch path waits for neither."""
 
     num_slots: int
     misses: torch.Tensor  # [1] int64, on the device
     ready: torch.Tensor  # [N] int32: the code of the expert each slot's data holds
     code_base: int  # layer * experts per layer
     wait: bool = True
+    # [1] int32 the device reads in pinned memory: nonzero once the host has opened the layer
+    gate: torch.Tensor | None = None
 
 
 def block_m_for(rows: int) -> int:

@@ -1,4 +1,5 @@
-"""The expert cache of zero-copy decode (`--moe-zero-copy`): the GPU never waits for the host.
+"""The expert cache of decode the host follows: zero-copy (`--moe-zero-copy`: the GPU never waits
+for the host) and device gates (`--moe-gates`, below).
 
 The decode step is one CUDA graph. Each MoE layer's expert kernels read an expert from its
 cache slot where the slot table names one whose data has landed, else straight from the pinned
@@ -19,6 +20,15 @@ token). Three rules keep the GPU from reading a slot that is being written:
 A few slots are kept free (`reserve`) for the copies of a step's first layers, which no layer
 finished yet can give a slot to. Outside `follow` (prefill, which fetches on demand and waits
 for its copies), the cache works as offload's.
+
+With device gates (`gates`, offload `--moe-gates`) the GPU waits for the copies instead of
+reading misses in place: each layer's work list first waits (on the device) for the layer's
+gate, a pinned flag the host sets in `follow` once it has queued the copies of the layer's
+misses and named their slots in the table; the step is still one graph, with no host launch or
+sync per layer. As the GPU reads no layer whose gate is shut, the host may take the slot of any
+layer but the one it opens (least recent first, as offload's stops do): no reserve. Taking
+slots only from finished layers starved a step's first layers (round AM in docs/perf.md: 76
+misses a b1 step against 6.7).
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from collections import deque
 
 import torch
 
-from ft.engine.experts.cache import ExpertCache
+from ft.engine.experts.cache import ExpertCache, device_view
 
 RESERVE = 8  # free slots for a step's first layers: no finished layer can give them one yet
 RING = 4096  # staging entries of the ready marks: one per copy, reused RING copies later
@@ -37,9 +47,10 @@ Key = tuple[int, int]  # (layer, expert)
 
 
 class ZeroCopyCache(ExpertCache):
-    def __init__(self, store, num_slots: int, device, prefetch_window: int = 0):
+    def __init__(self, store, num_slots: int, device, prefetch_window: int = 0, gates=False):
         super().__init__(store, num_slots, device, prefetch_window)
-        self.reserve = min(RESERVE, num_slots // 2)
+        self.gates = gates  # device gates: a layer's misses copied in at once and waited for
+        self.reserve = 0 if gates else min(RESERVE, num_slots // 2)
         self._finished: int | None = None  # inside follow(): layers below it are done this step
         self._later: deque[Key] = deque()  # misses held for the next token, after the guesses
         # [N] the code (layer * E + expert) of the expert whose data each slot holds
@@ -47,6 +58,15 @@ class ZeroCopyCache(ExpertCache):
         cuda = self.device.type == "cuda"
         self._marks = torch.empty(RING, dtype=torch.int32, pin_memory=cuda)  # copies' sources
         self._mark_items, self._copies = self._marks.numpy(), 0
+        # device gates: [layers] int32 the work lists read in place, nonzero once the host has
+        # opened the layer in this step; all shut before each step
+        self._gates = torch.zeros(len(store.banks), dtype=torch.int32, pin_memory=cuda)
+        self.gate = device_view(self._gates, self.device) if cuda else self._gates
+        self._gate_items = self._gates.numpy()
+
+    def begin_step(self) -> None:
+        """A decode step is about to be queued: every gate shut."""
+        self._gate_items.fill(0)
 
     def code(self, layer: int, expert: int) -> int:
         """What `ready[slot]` holds once the slot has this expert's data."""
@@ -54,10 +74,11 @@ class ZeroCopyCache(ExpertCache):
 
     def follow(self, layer: int, experts: list[int], guesses: list[tuple[int, list[int]]]) -> None:
         """The GPU has routed `layer` to `experts` and finished every layer before it: mark
-        the uses (LRU), then queue copies of the guessed experts of later layers (`guesses`:
-        (layer, experts) each, nearest first) and, after those, of this layer's misses, for
-        the next token. Within the prefetch window, what waits is held on the host: the
-        guesses first, the misses after; both are dropped once their layer is routed again."""
+        the uses (LRU); with gates, queue the copies of this layer's misses and open its gate;
+        then queue copies of the guessed experts of later layers (`guesses`: (layer, experts)
+        each, nearest first) and, after those, of this layer's misses not copied yet, for the
+        next token. Within the prefetch window, what waits is held on the host: the guesses
+        first, the misses after; both are dropped once their layer is routed again."""
         self._finished = layer
         try:
             self._drop_held(layer)
@@ -69,6 +90,10 @@ class ZeroCopyCache(ExpertCache):
                     continue
                 self._slot_of.move_to_end(key)  # most recently used
                 self._used_prefetch(key)  # no wait: the work list checks the ready marks
+            if self.gates:
+                self.misses += len(missing)
+                missing = self._copy_now(layer, missing)  # left: no slot to be had
+                self._gate_items[layer] = 1  # the table names the copies: the GPU may go on
             self._refill()
             for later, guessed in guesses:
                 self.prefetch(later, guessed, keep_layer=layer)
@@ -79,6 +104,20 @@ class ZeroCopyCache(ExpertCache):
             self._feed(keep_layer=layer)
         finally:
             self._finished = None
+
+    def _copy_now(self, layer: int, missing: list[int]) -> list[int]:
+        """Queue the copies of these misses of `layer`, ahead of every guess still held ->
+        the ones no slot could be had for. On the prefetch stream: a slot taken may still be
+        written by a guess queued there, and the copy engine serves its copies in order anyway."""
+        n = self._evictable(layer, len(missing))
+        if self._prefetch_stream is None:
+            for expert in missing[:n]:
+                self._load(layer, expert, non_blocking=False)
+        elif n:
+            with self._streams.on(self._prefetch_stream):
+                for expert in missing[:n]:
+                    self._load(layer, expert, non_blocking=True)
+        return missing[n:]
 
     def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:
         """As offload's, then the slot's ready mark, queued behind the data on its stream."""
@@ -104,7 +143,10 @@ class ZeroCopyCache(ExpertCache):
             self._free.append(self._evict(key))
 
     def _victims(self):
-        """Cached keys of the layers the GPU has finished in this step, least recent first."""
+        """Cached keys whose slots following may take, least recent first: of the layers the
+        GPU has finished in this step; with gates, of any layer but the one being opened."""
+        if self.gates:  # the GPU reads no layer before its gate opens: any but the open one
+            return (key for key in self._slot_of if key[0] != self._finished)
         return (key for key in self._slot_of if key[0] < self._finished)
 
     def _evictable(self, keep_layer: int, want: int) -> int:

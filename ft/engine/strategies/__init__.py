@@ -29,12 +29,13 @@ def build_strategy(
 
         if cache_size is None:
             raise FtError("offload needs a cache size (resolve it with ft.engine.memory)")
-        if config.zero_copy:
+        if config.zero_copy or config.gates:
             from ft.engine.strategies.zero_copy import ZeroCopyOffloadStrategy
 
             return ZeroCopyOffloadStrategy(
-                store, config.device, cache_size, config.prefetch_depth, config.prefetch_window
-            )
+                store, config.device, cache_size, config.prefetch_depth, config.prefetch_window,
+                gates=config.gates,
+            )  # fmt: skip
         return OffloadStrategy(
             store, config.device, cache_size, config.prefetch_depth, config.prefetch_window
         )

@@ -29,6 +29,9 @@ class MoeStrategy:
     # layer by layer (`follow`, given each layer's routing as the graph writes it) to fetch
     # for later layers and tokens (offload --moe-zero-copy; ft.engine.graphs)
     host_follows = False
+    # host_follows strategies: True: each layer's experts wait on the device until the host has
+    # fetched its misses (device gates), rather than reading them in place
+    gates = False
 
     def __init__(self, store: HostExpertStore, device: torch.device | str = "cpu"):
         self.store = store
@@ -65,6 +68,9 @@ class MoeStrategy:
     def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         """The layer's experts on the device, no host sync: -> [T, D]."""
         raise NotImplementedError
+
+    def begin_step(self) -> None:
+        """host_follows strategies: a decode step is about to be queued (the last one is done)."""
 
     def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple]) -> None:
         """host_follows strategies: the GPU has routed `layer` (topk_ids [T][K]) and finished

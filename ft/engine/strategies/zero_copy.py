@@ -1,17 +1,27 @@
-"""`offload --moe-zero-copy`: offload whose decode never stops for the host.
+"""`offload --moe-zero-copy` and `offload --moe-gates`: offload whose decode step is one CUDA
+graph the host follows, rather than a host stop per MoE layer.
 
-The expert kernels read each routed expert from its cache slot, or, where it has none, from the
-pinned host store in place (zero-copy, across PCIe), so the decode step is one CUDA graph the
-GPU runs through. The host follows it layer by layer (`follow`, from the routing each layer
-writes to pinned memory: ft.engine.graphs), keeping the cache warm for later layers and tokens
-(ft.engine.experts.zero_copy). Offload's host stop, by contrast, holds the GPU at every MoE
-layer until the host has read its ids and fetched its misses.
+The host follows the step layer by layer (`follow`, from the routing each layer writes to
+pinned memory: ft.engine.graphs), keeping the cache warm for later layers and tokens
+(ft.engine.experts.zero_copy). Where a routed expert has no ready slot:
+- zero-copy: the expert kernels read it in place from the pinned host store (across PCIe), so
+  the GPU never waits for the host; the host copies it in for the next token;
+- gates: each layer's work list first waits on the device for the layer's gate, which the host
+  opens once it has queued the copies of the layer's misses; the kernels then wait for those
+  copies' ready marks. The GPU waits where offload's stop would, without a sync and a launch
+  per layer.
+Offload's host stop, by contrast, holds the GPU at every MoE layer until the host has read its
+ids, fetched its misses and launched the next stretch.
 
 The experts read in place are counted on the device (the work-list kernel); they are misses,
-and their bytes crossed PCIe like a copy's. Prefill fetches on demand, as offload does.
+and their bytes crossed PCIe like a copy's. With gates the host counts the misses (as offload
+does); an expert read in place there all the same (its copy later than the kernel's bound)
+adds its bytes to what crossed PCIe. Prefill fetches on demand, as offload does.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -27,15 +37,20 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
     cache_type = ZeroCopyCache
 
     def __init__(
-        self, store, device, num_slots: int, prefetch_depth: int = 2, prefetch_window: int = 0
-    ):
+        self, store, device, num_slots: int, prefetch_depth: int = 2, prefetch_window: int = 0,
+        gates: bool = False,
+    ):  # fmt: skip
+        self.gates = gates
+        self.cache_type = partial(ZeroCopyCache, gates=gates)  # what OffloadStrategy builds
         super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
         self._in_place = torch.zeros(1, dtype=torch.long, device=device)  # experts read in place
-        self._followed_uses = 0  # expert uses at decode (prefill's are the cache's hits + misses)
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         if not self.decode_fits(topk_ids.numel()):  # prefill: grouped and fetched, as offload
             return super().forward(layer, x, topk_ids, topk_weights)
+        if self.gates:  # eager decode: the host follows first (a sync), copying the misses
+            self.follow(layer, topk_ids.tolist(), [])
+            return self.compute(layer, x, topk_ids, topk_weights)
         out = self.compute(layer, x, topk_ids, topk_weights)
         self.follow(layer, topk_ids.tolist(), [])  # eager decode: after the layer (a sync)
         return out
@@ -47,7 +62,11 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         """-> [T, D] in `dtype`: every routed expert, from its slot or in place from the host."""
         cache = self.cache
         table = cache.slot_table[layer]  # [E] expert -> slot, -1: none (read in place)
-        in_place = InPlace(cache.num_slots, self._in_place, cache.ready, cache.code(layer, 0))
+        # a captured step (the one the host follows) waits at each layer's gate for the host
+        captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        gate = cache.gate[layer : layer + 1] if self.gates and captured else None
+        code = cache.code(layer, 0)
+        in_place = InPlace(cache.num_slots, self._in_place, cache.ready, code, gate=gate)
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
         return self.run_blocks(x, cache.bank, blocks, self.store.banks[layer], dtype)
 
@@ -56,17 +75,21 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         (later layer, ids [T][K]) its router picked for the next layers, nearest first."""
         experts = sorted({e for row in topk_ids for e in row})
         self.expert_uses += len(experts)
-        self._followed_uses += len(experts)
         later = [(cut, [e for row in ids for e in row]) for cut, ids in guesses]
         self.cache.follow(layer, experts, later)
+
+    def begin_step(self) -> None:
+        self.cache.begin_step()
 
     def device_counters(self) -> list[torch.Tensor]:
         return [self._in_place]
 
     def counters(self) -> dict[str, int]:
         c, in_place = self.cache, int(self._in_place.item())  # a sync: once a step, after it
+        # with gates the host counts the misses as it follows (it copies them), else the device
+        misses = c.misses + (0 if self.gates else in_place)
         return dict(
-            cache_hits=c.hits + self._followed_uses - in_place, cache_misses=c.misses + in_place,
+            cache_hits=self.expert_uses - misses, cache_misses=misses,
             experts_fetched=c.loads, experts_in_place=in_place,
             bytes_fetched=c.bytes_fetched + in_place * self.store.expert_bytes,
             experts_cpu=0, experts_cpu_inline=0, expert_uses=self.expert_uses,
