@@ -9,7 +9,8 @@ H200 box (round P), so settings are compared within one process, each run severa
 --variants: environments to compare (each engine is built under its variables), e.g.
 "sdpa:FT_DECODE_ATTENTION=sdpa;triton:FT_DECODE_ATTENTION=triton"; default one, unchanged.
 Pseudo-variables set the engine instead: STRATEGY=NAME (another strategy than --strategy's),
-WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1 (--moe-zero-copy), DEPTH=N
+WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1 (--moe-zero-copy), GATES=1
+(--moe-gates), DEPTH=N
 (--moe-prefetch-depth, instead of --depths), RATE=R (--moe-cache-rate, instead of --cache-rate).
 One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms,
 the per-step counters, and the host's state over the run (`host`: the process's involuntary
@@ -64,7 +65,8 @@ def environment(env: dict[str, str]):
 def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
     """A variant's pseudo-variables -> (the real environment, the engine settings they give):
     STRATEGY=NAME, WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1
-    (--moe-zero-copy), DEPTH=N (--moe-prefetch-depth), RATE=R (--moe-cache-rate)."""
+    (--moe-zero-copy), GATES=1 (--moe-gates), DEPTH=N (--moe-prefetch-depth), RATE=R
+    (--moe-cache-rate)."""
     env, settings = dict(env), {}
     if "STRATEGY" in env:
         settings["strategy"] = env.pop("STRATEGY")
@@ -74,6 +76,8 @@ def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
         settings["pin_engine_thread"] = env.pop("PIN") == "1"
     if "ZC" in env:
         settings["moe_zero_copy"] = env.pop("ZC") == "1"
+    if "GATES" in env:
+        settings["moe_gates"] = env.pop("GATES") == "1"
     if "DEPTH" in env:
         settings["moe_prefetch_depth"] = int(env.pop("DEPTH"))
     if "RATE" in env:
