@@ -111,8 +111,8 @@ class EngineFlags:
             "--moe-gates/--no-moe-gates",
             help="offload, CUDA graphs: decode as one graph per step whose MoE layers each wait "
             "on the device (a gate in pinned memory) until the host has fetched their misses, "
-            "instead of a host sync and launch per layer. Ahead of host stops at batch 4, level "
-            "at batch 1 (docs/perf.md).",
+            "instead of a host sync and launch per layer. On the H200: level with host stops at "
+            "batch 1, level to 4% ahead at batch 4 (docs/perf.md).",
         ),
     ] = False
     pin_engine_thread: Annotated[

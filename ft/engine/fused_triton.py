@@ -117,8 +117,9 @@ def _route_kernel(
 
 # polls of a queued copy's ready mark (~0.3 us each) before the expert is read in place instead
 MAX_SPINS = tl.constexpr(1 << 13)
-# polls of a gate (pinned memory, ~1 us each) before the layer goes on without the host, reading
-# its misses in place: the host opens a gate within ~20 us of the layer's routing, save a stall
+# polls of a gate (pinned memory, read across PCIe) before the layer goes on without the host,
+# reading its misses in place: some ms, where the host opens a gate once it has followed the
+# layer (its poll and bookkeeping); past that the host is taken to be stalled
 MAX_GATE_SPINS = tl.constexpr(1 << 14)
 
 

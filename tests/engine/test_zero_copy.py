@@ -138,10 +138,10 @@ def test_a_gated_plan_waits_for_the_host_then_reads_the_table():
 
 def test_gates_copy_a_layer_s_misses_first_then_open_it(copies):  # noqa: F811
     cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", 1, gates=True)
-    assert cache.reserve == 0 and int(cache.gate[0]) == 0
+    assert cache.reserve == 0 and int(cache.opened[0]) == 0
     cache.follow(0, [1, 2], [(1, [3]), (2, [4])])
     assert cache.cached()[:2] == [(0, 1), (0, 2)]  # the misses before any guess, window or not
-    assert int(cache.gate[0]) == 1 and cache.misses == 2 and cache.prefetched == 1
+    assert int(cache.opened[0]) == 1 and cache.misses == 2 and cache.prefetched == 1
     assert cache.held == [(2, 4)] and not cache._later
     for expert in (1, 2):  # named in the table, marked ready behind their data
         slot = cache.slot_of(0, expert)
@@ -149,9 +149,9 @@ def test_gates_copy_a_layer_s_misses_first_then_open_it(copies):  # noqa: F811
         assert int(cache.ready[slot]) == cache.code(0, expert)
     copies.finish()
     cache.follow(1, [3, 5], [])
-    assert cache.misses == 3 and cache.prefetch_hits == 1 and int(cache.gate[1]) == 1
+    assert cache.misses == 3 and cache.prefetch_hits == 1 and int(cache.opened[1]) == 1
     cache.begin_step()  # the next step: every gate shut
-    assert int(cache.gate.sum()) == 0
+    assert int(cache.opened.sum()) == 0
 
 
 def test_gates_take_the_slot_of_any_layer_but_the_one_they_open(copies):  # noqa: F811
@@ -161,7 +161,7 @@ def test_gates_take_the_slot_of_any_layer_but_the_one_they_open(copies):  # noqa
     assert cache.cached() == [(0, 1), (0, 2)] and int(cache.slot_table[2, 0]) == -1
     cache.follow(0, [1, 2, 3], [])  # more experts than slots: the third has none to take
     assert cache.cached() == [(0, 1), (0, 2)] and int(cache.slot_table[0, 3]) == -1
-    assert cache.misses == 2 + 2 + 1 and int(cache.gate[0]) == 1  # opened all the same
+    assert cache.misses == 2 + 2 + 1 and int(cache.opened[0]) == 1  # opened all the same
 
 
 def test_a_copy_marks_its_slot_ready_with_the_expert_s_code():

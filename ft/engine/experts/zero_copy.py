@@ -59,14 +59,14 @@ class ZeroCopyCache(ExpertCache):
         self._marks = torch.empty(RING, dtype=torch.int32, pin_memory=cuda)  # copies' sources
         self._mark_items, self._copies = self._marks.numpy(), 0
         # device gates: [layers] int32 the work lists read in place, nonzero once the host has
-        # opened the layer in this step; all shut before each step
-        self._gates = torch.zeros(len(store.banks), dtype=torch.int32, pin_memory=cuda)
-        self.gate = device_view(self._gates, self.device) if cuda else self._gates
-        self._gate_items = self._gates.numpy()
+        # opened the layer's gate in this step; all shut before each step
+        self._opened = torch.zeros(len(store.banks), dtype=torch.int32, pin_memory=cuda)
+        self.opened = device_view(self._opened, self.device) if cuda else self._opened
+        self._opened_items = self._opened.numpy()
 
     def begin_step(self) -> None:
         """A decode step is about to be queued: every gate shut."""
-        self._gate_items.fill(0)
+        self._opened_items.fill(0)
 
     def code(self, layer: int, expert: int) -> int:
         """What `ready[slot]` holds once the slot has this expert's data."""
@@ -93,7 +93,7 @@ class ZeroCopyCache(ExpertCache):
             if self.gates:
                 self.misses += len(missing)
                 missing = self._copy_now(layer, missing)  # left: no slot to be had
-                self._gate_items[layer] = 1  # the table names the copies: the GPU may go on
+                self._opened_items[layer] = 1  # the table names the copies: the GPU may go on
             self._refill()
             for later, guessed in guesses:
                 self.prefetch(later, guessed, keep_layer=layer)
@@ -156,7 +156,7 @@ class ZeroCopyCache(ExpertCache):
         return count + sum(1 for _ in itertools.islice(self._victims(), want - count))
 
     def _take_slot(self, stream=None) -> int:
-        if self._finished is not None:  # following: free slots first, then finished layers'
+        if self._finished is not None:  # following: free slots first, then the victims'
             return self._free.pop() if self._free else self._evict(next(self._victims()))
         if stream is not None and self._prefetch_stream is not None:
             # a demand copy (prefill): a freed slot may still be written by a queued prefetch

@@ -64,7 +64,7 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         table = cache.slot_table[layer]  # [E] expert -> slot, -1: none (read in place)
         # a captured step (the one the host follows) waits at each layer's gate for the host
         captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        gate = cache.gate[layer : layer + 1] if self.gates and captured else None
+        gate = cache.opened[layer : layer + 1] if self.gates and captured else None
         code = cache.code(layer, 0)
         in_place = InPlace(cache.num_slots, self._in_place, cache.ready, code, gate=gate)
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
