@@ -206,25 +206,27 @@ class ExpertCache:
             return 0
         self.prefetched += len(missing)
         self._prefetched_keys.update((layer, e) for e in missing)
+        self._queue_loads(layer, missing)
         if self._prefetch_stream is None:
-            for expert in missing:
-                self._load(layer, expert, non_blocking=False)
             done = _Copied()
-        else:
-            done = self._copy_ahead(layer, missing)
+        else:  # the mark of their end
+            done = torch.cuda.Event()
+            done.record(self._prefetch_stream)
+            self._track(layer, missing, done)
         if self.window:
             self._queued.append((done, len(missing)))
         return len(missing)
 
-    def _copy_ahead(self, layer: int, missing: list[int]) -> torch.cuda.Event:
-        """Queue the copies on the prefetch stream -> the event that marks them done."""
+    def _queue_loads(self, layer: int, experts: list[int]) -> None:
+        """Queue these experts' copies into slots on the prefetch stream (on the CPU device:
+        copy them now)."""
+        if self._prefetch_stream is None:
+            for expert in experts:
+                self._load(layer, expert, non_blocking=False)
+            return
         with self._streams.on(self._prefetch_stream):
-            for expert in missing:
+            for expert in experts:
                 self._load(layer, expert, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self._prefetch_stream)
-        self._track(layer, missing, done)
-        return done
 
     def _track(self, layer: int, missing: list[int], done: torch.cuda.Event) -> None:
         """Remember which prefetch copies these experts, for a compute or a miss's copy that

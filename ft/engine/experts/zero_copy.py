@@ -110,13 +110,8 @@ class ZeroCopyCache(ExpertCache):
         the ones no slot could be had for. On the prefetch stream: a slot taken may still be
         written by a guess queued there, and the copy engine serves its copies in order anyway."""
         n = self._evictable(layer, len(missing))
-        if self._prefetch_stream is None:
-            for expert in missing[:n]:
-                self._load(layer, expert, non_blocking=False)
-        elif n:
-            with self._streams.on(self._prefetch_stream):
-                for expert in missing[:n]:
-                    self._load(layer, expert, non_blocking=True)
+        if n:
+            self._queue_loads(layer, missing[:n])
         return missing[n:]
 
     def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:

@@ -40,10 +40,13 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         self, store, device, num_slots: int, prefetch_depth: int = 2, prefetch_window: int = 0,
         gates: bool = False,
     ):  # fmt: skip
-        self.gates = gates
         self.cache_type = partial(ZeroCopyCache, gates=gates)  # what OffloadStrategy builds
         super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
         self._in_place = torch.zeros(1, dtype=torch.long, device=device)  # experts read in place
+
+    @property
+    def gates(self) -> bool:
+        return self.cache.gates
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         if not self.decode_fits(topk_ids.numel()):  # prefill: grouped and fetched, as offload
