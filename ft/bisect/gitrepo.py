@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,7 @@ class Scratch:
 
     def __init__(self, user: UserRepo, root: Path, base: str):
         self.root, self.base = root, base  # base: any commit of the range, for new worktrees
+        self._worktrees = threading.Lock()
         clone_dir = root / "git"
         if (clone_dir / "HEAD").exists():
             self.clone = git.Repo(clone_dir)
@@ -129,10 +131,13 @@ class Scratch:
 
     def worktree(self, slot: int) -> Path:
         path = self.root / "worktrees" / f"w{slot}"
-        if not (path / ".git").exists():
-            self.clone.git.worktree("prune")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.clone.git.worktree("add", "--detach", "--force", str(path), self.base)
+        # one at a time (--jobs: a worker thread per slot): another slot's `prune` deletes the
+        # admin folder of a worktree still being added, whose .git file is not written yet
+        with self._worktrees:
+            if not (path / ".git").exists():
+                self.clone.git.worktree("prune")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.clone.git.worktree("add", "--detach", "--force", str(path), self.base)
         return path
 
     def checkout(self, path: Path, sha: str, stack: PatchStack) -> Skip | list[str]:

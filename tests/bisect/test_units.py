@@ -108,3 +108,25 @@ def test_a_commit_runs_its_own_source_and_keeps_the_path_behind_it(tmp_path):
     env = commit_env(tmp_path, {"PYTHONPATH": "/deps/site"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/deps/site"]
     assert commit_env(tmp_path, {})["PYTHONPATH"] == str(tmp_path)
+
+
+def test_worker_worktrees_made_at_once_from_threads_all_check_out(tmp_path):
+    """--jobs N makes one worktree a worker: made from N threads at once, each must come whole
+    (a `prune` racing another slot's `add` deleted that worktree's admin folder)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ft.bisect.gitrepo import Scratch, UserRepo
+    from tests.bisect.helpers import git
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "f.txt").write_text("1\n")
+    git(repo, "add", "f.txt")
+    git(repo, "commit", "-q", "-m", "one")
+    base = git(repo, "rev-parse", "HEAD")
+    for attempt in range(3):
+        scratch = Scratch(UserRepo(repo), tmp_path / f"scratch{attempt}", base)
+        with ThreadPoolExecutor(6) as pool:
+            paths = list(pool.map(scratch.worktree, range(6)))
+        assert [(p / "f.txt").read_text() for p in paths] == ["1\n"] * 6
