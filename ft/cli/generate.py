@@ -63,14 +63,22 @@ def run_one(engine, prompt_ids: list[int], params) -> dict:
     stats = engine.stats
     decode = {
         f"decode_{k}": getattr(stats, k) - getattr(after_prefill, k)
-        for k in ("cache_hits", "cache_misses", "bytes_fetched", "experts_fetched", "experts_cpu")
+        for k in (
+            "cache_hits",
+            "cache_misses",
+            "bytes_fetched",
+            "experts_fetched",
+            "experts_in_place",
+            "experts_cpu",
+        )  # fmt: skip
     }  # the steady state, without the prompt's cold misses
     return {
         "model": engine.model_name, "prompt_tokens": len(prompt_ids), "token_ids": tokens,
         "text": engine.tokenizer.decode(tokens), "finish_reason": reason,
         "prefill_tok_s": stats.prefill_tok_s, "decode_tok_s": stats.decode_tok_s, "ttft_s": ttft,
         "cache_hits": stats.cache_hits, "cache_misses": stats.cache_misses,
-        "experts_fetched": stats.experts_fetched, "bytes_fetched": stats.bytes_fetched,
+        "experts_fetched": stats.experts_fetched, "experts_in_place": stats.experts_in_place,
+        "bytes_fetched": stats.bytes_fetched,
         "expert_uses": stats.expert_uses, "experts_cpu": stats.experts_cpu,
         "experts_cpu_inline": stats.experts_cpu_inline, "moe_strategy": engine.config.moe_strategy,
         "device": engine.config.device, "dtype": engine.config.dtype,

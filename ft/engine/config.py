@@ -180,7 +180,8 @@ class EngineConfig:
     moe_prefetch_window: int | None = None  # guesses queued for copy at once; None: the strategy's
     pin_engine_thread: bool = False  # pin the stepping thread to a core the CPU pool leaves
     moe_zero_copy: bool | None = None  # offload: misses read in place; None: the default
-    moe_gates: bool = False  # offload: decode as one graph whose layers wait on device gates
+    # offload: decode as one graph whose layers wait on device gates; None: on, unless zero-copy
+    moe_gates: bool | None = None
     bw_profile: str | None = None  # None: $FT_CACHE_DIR/benchbw.json
 
     def __post_init__(self) -> None:
@@ -294,8 +295,12 @@ class EngineConfig:
     def gates(self) -> bool:
         """offload: decode is one graph per step whose MoE layers each wait on the device until
         the host has fetched their misses (ft.engine.strategies.zero_copy), rather than a host
-        stop per layer."""
-        return self.moe_gates and self.moe_strategy == "offload"
+        stop per layer (--no-moe-gates). The default since round AN (docs/perf.md): with the
+        copy engine fed between routings, 3-6% ahead of host stops at batch 1 and ~7% at
+        batch 4 on the H200 box; zero-copy is the other way to meet a miss, so not with it."""
+        if self.moe_strategy != "offload" or self.zero_copy:
+            return False
+        return self.moe_gates is not False
 
     def describe(self) -> str:
         """The body of the `Resolved config:` log line."""

@@ -4,11 +4,11 @@ The step is cut where the MoE strategy needs the host, and each stretch between 
 captured once per (batch size, KV length bucket) and replayed:
 
     resident (graph_safe):        [embed, L0 .. L47, norm, lm_head]           1 graph
-    offload, hybrid (host_stop):  [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
-                                  -host- ... [L47 experts, norm, lm_head]     49 graphs
-    offload --moe-zero-copy,      the same 49 stretches as 1 graph; the host
-    --moe-gates (host_follows):   follows it, never stops it (gates: each MoE
-                                  layer waits on the device for the host)
+    hybrid, offload --no-moe-gates [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
+    (host_stop):                  -host- ... [L47 experts, norm, lm_head]     49 graphs
+    offload (device gates, the    the same 49 stretches as 1 graph; the host
+    default), --moe-zero-copy     follows it, never stops it (gates: each MoE
+    (host_follows):               layer waits on the device for the host)
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
 misses (copies on the cache's stream) and writes their slots in the cache's slot table, which the
@@ -27,7 +27,8 @@ themselves, so no stretch waits for the host: the whole step is queued as one gr
 writes its routing rows into pinned memory (`StopRows`), and the host, polling those, does each
 cut's bookkeeping and copies while the GPU runs ahead; with device gates (`--moe-gates`) each
 layer's work list first waits on the device until the host has done that cut's part
-(ft.engine.experts.zero_copy), so the GPU never runs past the host.
+(ft.engine.experts.zero_copy), so the GPU never runs past the host; while the host waits for a
+cut's rows it keeps the copy engine fed (`strategy.top_up`).
 Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
 step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
 masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
@@ -121,13 +122,15 @@ class StopRows:
         self._items = self.host.numpy()  # the host's reads and writes: no torch op per poll
         self.width = width
 
-    def wait(self, k: int, b: int, width: int) -> list[list[int]]:
+    def wait(self, k: int, b: int, width: int, idle=None) -> list[list[int]]:
         """Cut k's rows for b sequences, their first `width` columns (what the stretch writes:
         near the last cut there are fewer guesses), once the graph has written them; then
-        reset."""
+        reset. `idle()`, if given, is called at each poll until they come."""
         rows = self._items[k, :b, :width]
         deadline = None
         while (rows < 0).any():  # the engine's thread spins here while the GPU computes
+            if idle is not None:
+                idle()
             now = time.monotonic()
             deadline = deadline or now + self.TIMEOUT_S
             if now > deadline:
@@ -225,7 +228,8 @@ def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> to
     top_k = rows.width // (1 + strategy.prefetch_depth)
     for k, cut in enumerate(cuts):
         ahead = guessed_cuts(cuts, k, strategy.prefetch_depth)
-        got = rows.wait(k, b, (1 + len(ahead)) * top_k)  # [B][(1 + guessed cuts) K]
+        # [B][(1 + guessed cuts) K]; meanwhile the strategy keeps the copy engine fed (gates)
+        got = rows.wait(k, b, (1 + len(ahead)) * top_k, strategy.top_up)
         guesses = [
             (later, [row[(j + 1) * top_k : (j + 2) * top_k] for row in got])
             for j, later in enumerate(ahead)

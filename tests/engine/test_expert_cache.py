@@ -209,6 +209,16 @@ def test_a_held_guess_is_dropped_once_its_layer_is_known(copies):
     assert cache.held == [(3, 5)] and cache.prefetched == 2
 
 
+def test_a_nearer_guess_replaces_the_held_one_of_its_layer(copies):
+    cache = ExpertCache(make_store(layers=4, experts=8), 6, "cpu", prefetch_window=1)
+    cache.replace_held = True
+    cache.prefetch(1, [2], keep_layer=0)
+    cache.prefetch(3, [5, 6], keep_layer=0)  # guessed at layer 0
+    assert cache.held == [(3, 5), (3, 6)]
+    cache.prefetch(3, [6, 7], keep_layer=1)  # guessed at layer 1, nearer: it replaces them
+    assert cache.held == [(3, 6), (3, 7)]
+
+
 def test_no_window_starts_every_guess_at_once(copies):
     cache = ExpertCache(make_store(layers=3, experts=8), 6, "cpu", prefetch_window=0)
     cache.prefetch(1, [2, 3, 4], keep_layer=0)

@@ -48,7 +48,9 @@ def test_offload_gives_resident_ids_and_counters_add_up(qwen3_dir):
         assert run["cache_hits"] + run["cache_misses"] == run["expert_uses"] > 0
     assert offload["expert_uses"] == resident["expert_uses"]
     assert offload["cache_misses"] > 0 and offload["cache_hits"] > 0
-    assert offload["experts_fetched"] == offload["cache_misses"]
+    # offload's device gates read in place a miss no slot could be had for (a layer routing
+    # more experts than the cache holds), where host stops fetch such a layer in chunks
+    assert offload["experts_fetched"] + offload["experts_in_place"] == offload["cache_misses"]
     assert resident["bytes_fetched"] == 0 < offload["bytes_fetched"]
 
 

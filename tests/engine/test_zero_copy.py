@@ -68,6 +68,21 @@ def test_zero_copy_is_offload_s(settings, message):
     assert not EngineConfig(model="m", device="cpu", moe_strategy="offload").zero_copy
 
 
+@pytest.mark.parametrize(
+    "settings, gates",
+    [
+        (dict(moe_strategy="offload"), True),  # offload's default (round AN)
+        (dict(moe_strategy="offload", moe_gates=False), False),  # host stops
+        (dict(moe_strategy="offload", moe_zero_copy=True), False),  # misses read in place
+        (dict(moe_strategy="hybrid"), False),  # its CPU share needs the stop
+        (dict(moe_strategy="hybrid", moe_gates=False), False),
+        (dict(moe_strategy="resident"), False),
+    ],
+)
+def test_gates_are_offload_s_default_unless_zero_copy_or_turned_off(settings, gates):
+    assert EngineConfig(model="m", device="cpu", **settings).gates is gates
+
+
 def test_a_slot_not_ready_is_read_in_place_and_counted_once():
     n, gen = 3, torch.Generator().manual_seed(0)
     store = make_store(layers=2, experts=6)
@@ -205,6 +220,23 @@ def test_a_window_feeds_the_guesses_before_the_misses_and_drops_what_is_known(co
     assert list(cache._later) == [(0, 6)] and cache.slot_of(0, 1) is None
 
 
+def test_a_top_up_queues_held_guesses_between_routings_as_copies_end(copies):  # noqa: F811
+    cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", 1, gates=True)
+    cache.follow(1, [0], [(2, [1, 2]), (3, [3])])
+    assert cache.cached()[-1] == (2, 1) and cache.held == [(2, 2), (3, 3)]
+    cache.top_up()  # the copy in flight has not ended: the window is full
+    assert cache.held == [(2, 2), (3, 3)]
+    copies.finish()
+    cache.top_up()  # it has: the next guess goes, as follow would queue it
+    assert cache.held == [(3, 3)] and cache.cached()[-1] == (2, 2)
+    assert cache.cached()[0] == (1, 0)  # the layer the GPU may be reading kept its slot
+    plain = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", 1)  # zero-copy: no top-up
+    plain.follow(1, [0], [(2, [1, 2])])
+    copies.finish()
+    plain.top_up()
+    assert plain.held == [(2, 2)] and not plain.replace_held and cache.replace_held
+
+
 class LazyDevice:
     """Plays the GPU for follow_step on the CPU: stretch k runs only when the host first waits
     for cut k's rows, so the host sees the GPU ahead of it only where the test says."""
@@ -226,9 +258,9 @@ class LazyDevice:
         self.run_to(self.ahead)
         return self
 
-    def wait(self, k, b, width):
+    def wait(self, k, b, width, idle=None):
         self.run_to(k + self.ahead)
-        return self.rows.wait(k, b, width)
+        return self.rows.wait(k, b, width, idle)
 
     def ready(self, k, b):
         return self.rows.ready(k, b)
@@ -282,8 +314,10 @@ def test_stop_rows_are_waited_for_read_once_and_time_out(monkeypatch):
 
     writer = threading.Thread(target=device)
     writer.start()
-    assert rows.wait(0, 2, 3) == [[1, 2, 3], [4, 5, 6]]
+    polls = []
+    assert rows.wait(0, 2, 3, idle=lambda: polls.append(1)) == [[1, 2, 3], [4, 5, 6]]
     writer.join()
+    assert len(polls) > 1  # the host's own work while it waits, at each poll
     assert not rows.ready(0, 2)  # reset for the next step
     monkeypatch.setattr(StopRows, "TIMEOUT_S", 0.05)
     with pytest.raises(FtError, match="routing of MoE cut 1 did not arrive"):

@@ -108,6 +108,9 @@ class ExpertCache:
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.hits = self.misses = self.evictions = self.bytes_fetched = 0
         self.loads = self.prefetched = self.prefetch_hits = 0  # loads: every copy, prefetches too
+        # the same two per layer: where in the step the copies fall
+        self.loads_by_layer = [0] * len(store.banks)
+        self.misses_by_layer = [0] * len(store.banks)
         self._prefetched_keys: set[tuple[int, int]] = set()  # prefetched, not used yet
         # prefetch copies in flight: key -> number of the prefetch that copies it, whose event
         # is in _prefetch_events while the number is above _waited: up to it, the compute
@@ -117,6 +120,8 @@ class ExpertCache:
         self._prefetches = self._waited = 0
         self.window = prefetch_window  # prefetched experts queued on the copy engine; 0: all
         self._held: deque[tuple[int, int]] = deque()  # guesses kept on the host, nearest first
+        # True: a layer's guesses replace those held for it from a farther layer (gates)
+        self.replace_held = False
         self._queued: deque[tuple[torch.cuda.Event | _Copied, int]] = deque()  # (done, experts)
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
@@ -150,6 +155,7 @@ class ExpertCache:
             slots.append(slot)
         if missing:
             self.misses += len(missing)
+            self.misses_by_layer[layer] += len(missing)
             self._fetch(layer, missing, slots)
         # held guesses are fed at the next prefetch, once the next compute is launched
         return slots  # type: ignore[return-value]
@@ -166,6 +172,10 @@ class ExpertCache:
         if not self.window:
             self._submit(layer, missing, keep_layer)
             return
+        if self.replace_held:  # the nearer layer's guess: the held ones of `layer` are dropped
+            kept = [key for key in self._held if key[0] != layer]
+            self._held.clear()
+            self._held.extend(kept)
         held = set(self._held)
         self._held.extend((layer, e) for e in missing if (layer, e) not in held)
         self._feed(keep_layer)
@@ -302,6 +312,7 @@ class ExpertCache:
         self._slot_of[(layer, expert)] = slot
         self._table_items[layer, expert] = slot
         self.loads += 1
+        self.loads_by_layer[layer] += 1
         self.bytes_fetched += self.store.expert_bytes
         return slot
 

@@ -28,7 +28,12 @@ misses and named their slots in the table; the step is still one graph, with no 
 sync per layer. As the GPU reads no layer whose gate is shut, the host may take the slot of any
 layer but the one it opens (least recent first, as offload's stops do): no reserve. Taking
 slots only from finished layers starved a step's first layers (round AM in docs/perf.md: 76
-misses a b1 step against 6.7).
+misses a b1 step against 6.7). Two more rules keep the one copy engine busy without putting
+more in front of a miss (round AN: b1 3-6% and b4 ~7% ahead of host stops, where plain gates
+were level): between two routings, while the host polls for the next, it queues held guesses
+as the prefetch window frees (`top_up`), not only at each `follow`; and a layer's guesses
+replace those still held for the same layer from a farther layer's router (`replace_held`),
+so the window carries the nearer, better guesses. Gates are offload's default.
 """
 
 from __future__ import annotations
@@ -50,8 +55,12 @@ class ZeroCopyCache(ExpertCache):
     def __init__(self, store, num_slots: int, device, prefetch_window: int = 0, gates=False):
         super().__init__(store, num_slots, device, prefetch_window)
         self.gates = gates  # device gates: a layer's misses copied in at once and waited for
+        # gates keep the copy engine fed between routings (`top_up`), and a nearer layer's
+        # guesses replace the held ones of a farther layer (round AN in docs/perf.md)
+        self.replace_held = gates
         self.reserve = 0 if gates else min(RESERVE, num_slots // 2)
         self._finished: int | None = None  # inside follow(): layers below it are done this step
+        self._followed = -1  # the last layer followed in this step (-1: none yet)
         self._later: deque[Key] = deque()  # misses held for the next token, after the guesses
         # [N] the code (layer * E + expert) of the expert whose data each slot holds
         self.ready = torch.full((num_slots,), -1, dtype=torch.int32, device=self.device)
@@ -67,6 +76,20 @@ class ZeroCopyCache(ExpertCache):
     def begin_step(self) -> None:
         """A decode step is about to be queued: every gate shut."""
         self._opened_items.fill(0)
+        self._followed = -1
+
+    def top_up(self) -> None:
+        """Gates, between two layers' routings: queue held guesses while the prefetch window
+        has room, so the copy engine is not left idle until the next `follow`. Slots are taken
+        as `follow(last layer followed)` would take them; before a step's first follow, from
+        any layer (the last step is done: its logits were read, and every gate is shut)."""
+        if not (self.gates and self.window and (self._held or self._later)):
+            return
+        self._finished = self._followed
+        try:
+            self._feed(keep_layer=self._followed)
+        finally:
+            self._finished = None
 
     def code(self, layer: int, expert: int) -> int:
         """What `ready[slot]` holds once the slot has this expert's data."""
@@ -79,7 +102,7 @@ class ZeroCopyCache(ExpertCache):
         each, nearest first) and, after those, of this layer's misses not copied yet, for the
         next token. Within the prefetch window, what waits is held on the host: the guesses
         first, the misses after; both are dropped once their layer is routed again."""
-        self._finished = layer
+        self._finished = self._followed = layer
         try:
             self._drop_held(layer)
             missing = []
@@ -92,6 +115,7 @@ class ZeroCopyCache(ExpertCache):
                 self._used_prefetch(key)  # no wait: the work list checks the ready marks
             if self.gates:
                 self.misses += len(missing)
+                self.misses_by_layer[layer] += len(missing)
                 missing = self._copy_now(layer, missing)  # left: no slot to be had
                 self._opened_items[layer] = 1  # the table names the copies: the GPU may go on
             self._refill()

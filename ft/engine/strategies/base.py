@@ -77,6 +77,10 @@ class MoeStrategy:
         the layers before it; guesses: (later layer, ids [T][K]) nearest first."""
         raise NotImplementedError
 
+    def top_up(self) -> None:
+        """host_follows strategies: called at each poll while the host waits for the GPU's
+        next routing."""
+
     def run_blocks(self, x, bank, blocks: PairBlocks, host=None, dtype=torch.float32):
         """-> [T, D] in `dtype`: each token's pairs of the work list, computed from a bank of
         slots (or in place from a `host` bank: moe_pairs) and summed in float32, no host sync."""

@@ -1,5 +1,5 @@
-"""`offload --moe-zero-copy` and `offload --moe-gates`: offload whose decode step is one CUDA
-graph the host follows, rather than a host stop per MoE layer.
+"""`offload` (device gates, its default) and `offload --moe-zero-copy`: offload whose decode step
+is one CUDA graph the host follows, rather than a host stop per MoE layer (`--no-moe-gates`).
 
 The host follows the step layer by layer (`follow`, from the routing each layer writes to
 pinned memory: ft.engine.graphs), keeping the cache warm for later layers and tokens
@@ -83,6 +83,9 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
 
     def begin_step(self) -> None:
         self.cache.begin_step()
+
+    def top_up(self) -> None:
+        self.cache.top_up()
 
     def device_counters(self) -> list[torch.Tensor]:
         return [self._in_place]
