@@ -9,14 +9,16 @@ H200 box (round P), so settings are compared within one process, each run severa
 --variants: environments to compare (each engine is built under its variables), e.g.
 "sdpa:FT_DECODE_ATTENTION=sdpa;triton:FT_DECODE_ATTENTION=triton"; default one, unchanged.
 Pseudo-variables set the engine instead: STRATEGY=NAME (another strategy than --strategy's),
-WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1 (--moe-zero-copy), GATES=1
-(--moe-gates), DEPTH=N
+WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1 (--moe-zero-copy), GATES=0|1
+(--no-moe-gates, host stops | --moe-gates, offload's default), DEPTH=N
 (--moe-prefetch-depth, instead of --depths), RATE=R (--moe-cache-rate, instead of --cache-rate).
 One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms,
 the per-step counters, and the host's state over the run (`host`: the process's involuntary
 context switches, the CPU its main thread ended on, the GPU's SM clock after it), to tell what
 differs in a run that comes out slow. --trace DIR: each run also profiles a few steps (`ft bench
 decode --trace`) into DIR/rREPEAT-dDEPTH-VARIANT, and its line gets the device `timeline`.
+--by-layer: each line also gets `by_layer`, the experts copied and the misses per MoE layer, per
+decode step (warm-ups included): where in the step the copies fall (round AN).
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ def environment(env: dict[str, str]):
 def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
     """A variant's pseudo-variables -> (the real environment, the engine settings they give):
     STRATEGY=NAME, WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1
-    (--moe-zero-copy), GATES=1 (--moe-gates), DEPTH=N (--moe-prefetch-depth), RATE=R
-    (--moe-cache-rate)."""
+    (--moe-zero-copy), GATES=0|1 (--no-moe-gates | --moe-gates), DEPTH=N
+    (--moe-prefetch-depth), RATE=R (--moe-cache-rate)."""
     env, settings = dict(env), {}
     if "STRATEGY" in env:
         settings["strategy"] = env.pop("STRATEGY")
@@ -83,6 +85,38 @@ def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
     if "RATE" in env:
         settings["moe_cache_rate"] = float(env.pop("RATE"))
     return env, settings
+
+
+def counted_by_layer(measure):
+    """decode._measure, also counting the cache's copies and misses per layer over the decode
+    steps -> its row with `by_layer` (per step)."""
+
+    def wrapped(engine, *args):
+        cache = getattr(engine.strategy, "cache", None)
+        if cache is None:
+            return measure(engine, *args)
+        layers = len(cache.loads_by_layer)
+        sums, steps, step = {"copied": [0] * layers, "misses": [0] * layers}, [0], engine.step
+
+        def counted():
+            before = list(cache.loads_by_layer), list(cache.misses_by_layer)
+            step()
+            if engine.last_step.get("phase") == "decode":
+                steps[0] += 1
+                for name, now, then in zip(sums, (cache.loads_by_layer, cache.misses_by_layer),
+                                           before, strict=True):  # fmt: skip
+                    sums[name] = [s + a - b for s, a, b in zip(sums[name], now, then, strict=True)]
+
+        engine.step = counted
+        try:
+            row = measure(engine, *args)
+        finally:
+            del engine.step
+        n = max(steps[0], 1)
+        row["by_layer"] = {name: [round(v / n, 2) for v in values] for name, values in sums.items()}
+        return row
+
+    return wrapped
 
 
 def host_state() -> dict:
@@ -114,7 +148,10 @@ def main() -> None:
     ap.add_argument("--cache-rate", type=float, default=0.15)
     ap.add_argument("--profile")
     ap.add_argument("--trace")
+    ap.add_argument("--by-layer", action="store_true")
     args = ap.parse_args()
+    if args.by_layer:
+        decode._measure = counted_by_layer(decode._measure)
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     cfg = decode.DecodeBenchConfig(
         model=args.model, strategies=tuple(args.strategy.split(",")),
@@ -151,6 +188,7 @@ def main() -> None:
                 "step_ms_median": r.get("step_ms_median"), "error": r.get("error"),
                 **{k: round(step[k], 2) for k in KEYS if k in step},
                 "host": after, "timeline": (r.get("trace") or {}).get("timeline"),
+                **({"by_layer": r["by_layer"]} if "by_layer" in r else {}),
             }), flush=True)  # fmt: skip
 
 
