@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from ft.engine.attention import Batch, Span
 from ft.engine.experts.cache import device_view
+from ft.engine.fused import rms_norm
 from ft.engine.model import route
 from ft.errors import FtError
 
@@ -149,6 +150,26 @@ class StopRows:
         self._items.fill(-1)
 
 
+def next_token_cuts(cuts: list[int], depth: int) -> list[int]:
+    """The first cuts of the next step, whose experts the step's end guesses (as many as a cut's
+    stop row holds: 1 + depth)."""
+    return cuts[: 1 + depth]
+
+
+def guess_next_token(model, cuts: list[int], logits, dst: Handoff, rows) -> None:
+    """After the logits [B, V]: the routers of the next step's first cuts applied to the
+    embedding of each sequence's argmax token, normed as the first cut's MoE input; the ids
+    written to `rows` (pinned, [B, >= cuts K]) for the host to copy in while the GPU samples and
+    starts the next step (its layer 0 has no earlier router in the step to guess it). A guess:
+    sampling may pick another token, and attention is left out (round AO in docs/perf.md)."""
+    b, first = logits.shape[0], model.layers[cuts[0]]
+    embedded = F.embedding(logits.argmax(dim=-1), model.embed)
+    x = rms_norm(embedded, first.w["ln2"], model.cfg.rms_norm_eps)
+    count = len(next_token_cuts(cuts, rows.shape[-1] // model.cfg.top_k - 1))
+    router = model.routers_of(0, count)
+    route(model.cfg, router, x, first.kernel, out=(dst.stop[:b], dst.weights[:b]), mirror=rows)
+
+
 def guessed_cuts(cuts: list[int], k: int, depth: int) -> list[int]:
     """The cuts whose experts the stretch ending at cut k guesses, and the stop at cut k
     prefetches, nearest first: up to `depth` of them."""
@@ -158,7 +179,7 @@ def guessed_cuts(cuts: list[int], k: int, depth: int) -> list[int]:
 def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inputs, stop=None):
     """Stretch k of the step: finish cut k-1's experts, run to cut k's routing (-> dst's first
     B rows, returned; the stop columns into `stop` if given), or on the last stretch to the
-    logits (returned)."""
+    logits (returned; with `stop`, also the next token's guessed ids into it)."""
     tokens, positions, slots, kv_len = inputs
     batch, b = _decode_batch(tokens, positions, slots, kv_len), tokens.shape[0]
     if k == 0:
@@ -171,7 +192,10 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     for layer in model.layers[first:last]:
         h, delta = layer.forward(h, delta, batch)
     if k == len(cuts):
-        return model.logits(h, delta)
+        logits = model.logits(h, delta)
+        if stop is not None:  # the host follows and copies the next token's guesses in
+            guess_next_token(model, cuts, logits, dst, stop)
+        return logits
     layer = model.layers[last]
     h, x = layer.attend(h, delta, batch, out=(dst.h[:b], dst.x[:b]))
     # the cut's routing and the next cuts' guesses from the same x: one GEMM, one top-k
@@ -236,6 +260,11 @@ def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> to
             if not rows.ready(k + 1 + j, b)
         ]
         strategy.follow(cut, [row[:top_k] for row in got], guesses)
+    if strategy.guesses_next_token:  # the step's last rows: the next token's first cuts
+        ahead = next_token_cuts(cuts, strategy.prefetch_depth)
+        got = rows.wait(len(cuts), b, len(ahead) * top_k, strategy.top_up)
+        split = lambda j: [row[j * top_k : (j + 1) * top_k] for row in got]  # noqa: E731
+        strategy.guess_next_token([(cut, split(j)) for j, cut in enumerate(ahead)])
     return out
 
 
@@ -259,7 +288,8 @@ class DecodeGraphs:
         self.rows = None  # zero-copy decode: the cuts' stop columns, polled by the host
         if strategy.host_follows:
             width = (1 + depth) * model.cfg.top_k
-            self.rows = StopRows(len(self.cuts), max_batch, width, device)
+            cuts = len(self.cuts) + (1 if strategy.guesses_next_token else 0)
+            self.rows = StopRows(cuts, max_batch, width, device)
         self.graphs: dict[tuple[int, int], list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]] = {}
         self.pool = None
 
@@ -296,7 +326,8 @@ class DecodeGraphs:
     def _run(self, k: int, b: int, kv_len: int) -> torch.Tensor:
         src, dst = self.handoffs[k % 2], self.handoffs[(k + 1) % 2]
         inputs = (self.tokens[:b], self.positions[:b], self.slots[:b], kv_len)
-        stop = self.rows.device[k, :b] if self.rows is not None and k < len(self.cuts) else None
+        rows = self.rows.device if self.rows is not None else None
+        stop = rows[k, :b] if rows is not None and k < rows.shape[0] else None
         return run_stretch(self.model, self.cuts, k, src, dst, inputs, stop)
 
     def _capture(self, stretches, b: int, kv_len: int):

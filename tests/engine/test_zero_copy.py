@@ -11,11 +11,14 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ft.engine.config import EngineConfig
 from ft.engine.experts.grouped import InPlace, moe_pairs, plan_blocks, reduce_pairs
 from ft.engine.experts.zero_copy import ZeroCopyCache
+from ft.engine.fused import rms_norm
 from ft.engine.graphs import Handoff, StopRows, cut_layers, follow_step, run_stretch
+from ft.engine.model import route
 from ft.engine.runner import LLMEngine, SamplingParams
 from ft.errors import FtError
 from tests.engine.interpreter import run_interpreted
@@ -249,7 +252,8 @@ class LazyDevice:
     def run_to(self, k):
         while self.ran < min(k, len(self.cuts)):
             j = self.ran + 1
-            stop = self.rows.device[j, : self.inputs[0].shape[0]] if j < len(self.cuts) else None
+            rows = self.rows.device  # a row past the cuts: the next token's guesses
+            stop = rows[j, : self.inputs[0].shape[0]] if j < rows.shape[0] else None
             src, dst = self.buffers[j % 2], self.buffers[(j + 1) % 2]
             self.out = run_stretch(self.model, self.cuts, j, src, dst, self.inputs, stop)
             self.ran = j
@@ -304,6 +308,38 @@ def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_ti
         torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_the_step_s_end_guesses_the_next_token_s_first_cuts_for_the_host(synth_tiny):
+    from tests.engine.test_graphs import decode_batch
+
+    gated = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6, moe_gates=True)
+    model, strategy, cfg = gated.model, gated.strategy, gated.model.cfg
+    strategy.guesses_next_token = True  # round AO's switch (FT_GUESS_NEXT_TOKEN=1)
+    batch = decode_batch(gated)
+    cuts = cut_layers(model, strategy)
+    handed = []
+    real_guess = strategy.guess_next_token
+    strategy.guess_next_token = lambda g: handed.append(g) or real_guess(g)
+    width = (1 + strategy.prefetch_depth) * cfg.top_k
+    rows = StopRows(len(cuts) + 1, 4, width, "cpu")  # one row more: the next token's
+    buffers = [Handoff.allocate(4, cfg, model.embed.dtype, "cpu", 2) for _ in range(2)]
+    inputs = (batch.token_ids, batch.positions, batch.slots, 64)
+    device = LazyDevice(model, cuts, buffers, inputs, rows)
+    prefetched = strategy.cache.prefetched
+    follow_step(strategy, cuts, device, 3, device.launch)
+    expected = model.forward(batch)
+    torch.testing.assert_close(device.out, expected, rtol=1e-5, atol=1e-5)  # logits unchanged
+    # what the host was handed: each first cut's router on the argmax token's normed embedding
+    x = F.embedding(expected.argmax(dim=-1), model.embed)
+    x = rms_norm(x, model.layers[cuts[0]].w["ln2"], cfg.rms_norm_eps)
+    ahead = cuts[: 1 + strategy.prefetch_depth]
+    assert [cut for cut, _ in handed[0]] == ahead and len(handed) == 1
+    for j, (cut, ids) in enumerate(handed[0]):
+        want, _ = route(cfg, model.routers_of(j, 1), x)
+        assert ids == want.tolist(), cut
+    assert strategy.cache.prefetched > prefetched  # copies queued for them, within the window
+    assert (rows.host < 0).all()  # the extra row read and reset too
+
+
 def test_stop_rows_are_waited_for_read_once_and_time_out(monkeypatch):
     rows = StopRows(2, 2, 3, "cpu")
     assert not rows.ready(0, 1)
@@ -349,11 +385,14 @@ def test_the_kernels_read_a_miss_in_place_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("mode", ["zero_copy", "gates"])
+@pytest.mark.parametrize("mode", ["zero_copy", "gates", "gates_next_token"])
 def test_zero_copy_decodes_like_resident_on_cuda(synth_tiny, monkeypatch, graphs, mode):
     from tests.engine.test_graphs import generate
 
     resident, _ = generate(synth_tiny[0], monkeypatch, graphs=False)
+    if mode == "gates_next_token":  # round AO's switch: the step's end guesses the next token
+        monkeypatch.setenv("FT_GUESS_NEXT_TOKEN", "1")
+        mode = "gates"
     config = dict(moe_strategy="offload", moe_cache_size=14, **{f"moe_{mode}": True})  # evicts
     got, stats = generate(synth_tiny[0], monkeypatch, graphs=graphs, **config)
     assert got == resident

@@ -91,6 +91,18 @@ class ZeroCopyCache(ExpertCache):
         finally:
             self._finished = None
 
+    def guess_next_token(self, guesses: list[tuple[int, list[int]]]) -> None:
+        """The step is done on the device (its last kernels wrote these): queue, within the
+        window, copies of the next token's guessed experts of its first layers ((layer,
+        experts) each, nearest first), taking any layer's slots, as before a step's first
+        follow."""
+        self._finished = self._followed = -1
+        try:
+            for layer, experts in guesses:
+                self.prefetch(layer, experts, keep_layer=-1)
+        finally:
+            self._finished = None
+
     def code(self, layer: int, expert: int) -> int:
         """What `ready[slot]` holds once the slot has this expert's data."""
         return layer * self.store.num_experts + expert

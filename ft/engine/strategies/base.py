@@ -77,6 +77,15 @@ class MoeStrategy:
         the layers before it; guesses: (later layer, ids [T][K]) nearest first."""
         raise NotImplementedError
 
+    # host_follows strategies: True: the step's end guesses the next token's first layers
+    # (graphs.guess_next_token) and the host hands them to guess_next_token
+    guesses_next_token = False
+
+    def guess_next_token(self, guesses: list[tuple]) -> None:
+        """The step is done on the device; guesses: (layer, ids [T][K]) of the next token's
+        first MoE layers, nearest first."""
+        raise NotImplementedError
+
     def top_up(self) -> None:
         """host_follows strategies: called at each poll while the host waits for the GPU's
         next routing."""

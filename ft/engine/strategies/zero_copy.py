@@ -21,6 +21,7 @@ adds its bytes to what crossed PCIe. Prefill fetches on demand, as offload does.
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import torch
@@ -43,6 +44,8 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         self.cache_type = partial(ZeroCopyCache, gates=gates)  # what OffloadStrategy builds
         super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
         self._in_place = torch.zeros(1, dtype=torch.long, device=device)  # experts read in place
+        # round AO's switch (docs/perf.md): gates copy in the next token's first layers' guesses
+        self.guesses_next_token = gates and os.environ.get("FT_GUESS_NEXT_TOKEN") == "1"
 
     @property
     def gates(self) -> bool:
@@ -86,6 +89,10 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
 
     def top_up(self) -> None:
         self.cache.top_up()
+
+    def guess_next_token(self, guesses: list[tuple]) -> None:
+        flat = [(cut, [e for row in ids for e in row]) for cut, ids in guesses]
+        self.cache.guess_next_token(flat)
 
     def device_counters(self) -> list[torch.Tensor]:
         return [self._in_place]
