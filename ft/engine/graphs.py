@@ -150,6 +150,12 @@ class StopRows:
         self._items.fill(-1)
 
 
+def columns(rows: list[list[int]], j: int, top_k: int) -> list[list[int]]:
+    """The j-th block of top_k columns of each row read from a stop (j = 0: the routed ids,
+    j > 0: the j-th guessed cut's ids)."""
+    return [row[j * top_k : (j + 1) * top_k] for row in rows]
+
+
 def next_token_cuts(cuts: list[int], depth: int) -> list[int]:
     """The first cuts of the next step, whose experts the step's end guesses (as many as a cut's
     stop row holds: 1 + depth)."""
@@ -165,8 +171,7 @@ def guess_next_token(model, cuts: list[int], logits, dst: Handoff, rows) -> None
     b, first = logits.shape[0], model.layers[cuts[0]]
     embedded = F.embedding(logits.argmax(dim=-1), model.embed)
     x = rms_norm(embedded, first.w["ln2"], model.cfg.rms_norm_eps)
-    count = len(next_token_cuts(cuts, rows.shape[-1] // model.cfg.top_k - 1))
-    router = model.routers_of(0, count)
+    router = model.routers_of(0, len(next_token_cuts(cuts, first.moe.prefetch_depth)))
     route(model.cfg, router, x, first.kernel, out=(dst.stop[:b], dst.weights[:b]), mirror=rows)
 
 
@@ -232,12 +237,9 @@ def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
     first: (layer, ids [B][K], keep_layer) each."""
     rows = handoff.stop.tolist()  # [B][(1 + depth) K]: the cut's one host sync
     top_k = len(rows[0]) // (1 + strategy.prefetch_depth)
-    strategy.prepare(cuts[k], [row[:top_k] for row in rows], handoff.x, handoff.weights)
+    strategy.prepare(cuts[k], columns(rows, 0, top_k), handoff.x, handoff.weights)
     ahead = guessed_cuts(cuts, k, strategy.prefetch_depth)
-    return [
-        (cut, [row[(j + 1) * top_k : (j + 2) * top_k] for row in rows], cuts[k])
-        for j, cut in enumerate(ahead)
-    ]
+    return [(cut, columns(rows, j + 1, top_k), cuts[k]) for j, cut in enumerate(ahead)]
 
 
 def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> torch.Tensor:
@@ -255,16 +257,15 @@ def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> to
         # [B][(1 + guessed cuts) K]; meanwhile the strategy keeps the copy engine fed (gates)
         got = rows.wait(k, b, (1 + len(ahead)) * top_k, strategy.top_up)
         guesses = [
-            (later, [row[(j + 1) * top_k : (j + 2) * top_k] for row in got])
+            (later, columns(got, j + 1, top_k))
             for j, later in enumerate(ahead)
             if not rows.ready(k + 1 + j, b)
         ]
-        strategy.follow(cut, [row[:top_k] for row in got], guesses)
+        strategy.follow(cut, columns(got, 0, top_k), guesses)
     if strategy.guesses_next_token:  # the step's last rows: the next token's first cuts
         ahead = next_token_cuts(cuts, strategy.prefetch_depth)
         got = rows.wait(len(cuts), b, len(ahead) * top_k, strategy.top_up)
-        split = lambda j: [row[j * top_k : (j + 1) * top_k] for row in got]  # noqa: E731
-        strategy.guess_next_token([(cut, split(j)) for j, cut in enumerate(ahead)])
+        strategy.guess_next_token([(cut, columns(got, j, top_k)) for j, cut in enumerate(ahead)])
     return out
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from contextlib import contextmanager
 
 import torch
 
@@ -85,23 +86,17 @@ class ZeroCopyCache(ExpertCache):
         any layer (the last step is done: its logits were read, and every gate is shut)."""
         if not (self.gates and self.window and (self._held or self._later)):
             return
-        self._finished = self._followed
-        try:
+        with self._following(self._followed):
             self._feed(keep_layer=self._followed)
-        finally:
-            self._finished = None
 
     def guess_next_token(self, guesses: list[tuple[int, list[int]]]) -> None:
         """The step is done on the device (its last kernels wrote these): queue, within the
         window, copies of the next token's guessed experts of its first layers ((layer,
         experts) each, nearest first), taking any layer's slots, as before a step's first
         follow."""
-        self._finished = self._followed = -1
-        try:
+        with self._following(-1):
             for layer, experts in guesses:
                 self.prefetch(layer, experts, keep_layer=-1)
-        finally:
-            self._finished = None
 
     def code(self, layer: int, expert: int) -> int:
         """What `ready[slot]` holds once the slot has this expert's data."""
@@ -114,8 +109,7 @@ class ZeroCopyCache(ExpertCache):
         each, nearest first) and, after those, of this layer's misses not copied yet, for the
         next token. Within the prefetch window, what waits is held on the host: the guesses
         first, the misses after; both are dropped once their layer is routed again."""
-        self._finished = self._followed = layer
-        try:
+        with self._following(layer):
             self._drop_held(layer)
             missing = []
             for expert in experts:
@@ -138,6 +132,14 @@ class ZeroCopyCache(ExpertCache):
                 return
             self._later.extend((layer, e) for e in missing)
             self._feed(keep_layer=layer)
+
+    @contextmanager
+    def _following(self, layer: int):
+        """Inside: slots are taken as following `layer` allows (`_victims`); `layer` is the last
+        one followed in this step (-1: none, or the step is done on the device)."""
+        self._finished = self._followed = layer
+        try:
+            yield
         finally:
             self._finished = None
 

@@ -81,8 +81,7 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         (later layer, ids [T][K]) its router picked for the next layers, nearest first."""
         experts = sorted({e for row in topk_ids for e in row})
         self.expert_uses += len(experts)
-        later = [(cut, [e for row in ids for e in row]) for cut, ids in guesses]
-        self.cache.follow(layer, experts, later)
+        self.cache.follow(layer, experts, _flat(guesses))
 
     def begin_step(self) -> None:
         self.cache.begin_step()
@@ -91,8 +90,7 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         self.cache.top_up()
 
     def guess_next_token(self, guesses: list[tuple]) -> None:
-        flat = [(cut, [e for row in ids for e in row]) for cut, ids in guesses]
-        self.cache.guess_next_token(flat)
+        self.cache.guess_next_token(_flat(guesses))
 
     def device_counters(self) -> list[torch.Tensor]:
         return [self._in_place]
@@ -108,3 +106,8 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
             experts_cpu=0, experts_cpu_inline=0, expert_uses=self.expert_uses,
             experts_prefetched=c.prefetched, prefetch_hits=c.prefetch_hits,
         )  # fmt: skip
+
+
+def _flat(guesses: list[tuple]) -> list[tuple[int, list[int]]]:
+    """(layer, ids [T][K]) each -> (layer, the ids of every token in one list) each."""
+    return [(layer, [e for row in ids for e in row]) for layer, ids in guesses]
