@@ -288,7 +288,8 @@ def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_ti
     # the GPU level with the host; one cut ahead of it (zero-copy: gates keep it level)
     for ahead in (0, 1) if mode == "zero_copy" else (0,):
         width = (1 + strategy.prefetch_depth) * model.cfg.top_k
-        rows = StopRows(len(cuts), 4, width, "cpu")
+        # gates: one row more, the next token's guesses (zero-copy reads its misses in place)
+        rows = StopRows(len(cuts) + strategy.guesses_next_token, 4, width, "cpu")
         buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu", 2) for _ in range(2)]
         inputs = (batch.token_ids, batch.positions, batch.slots, 64)
         device = LazyDevice(model, cuts, buffers, inputs, rows, ahead)
@@ -313,7 +314,7 @@ def test_the_step_s_end_guesses_the_next_token_s_first_cuts_for_the_host(synth_t
 
     gated = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6, moe_gates=True)
     model, strategy, cfg = gated.model, gated.strategy, gated.model.cfg
-    strategy.guesses_next_token = True  # round AO's switch (FT_GUESS_NEXT_TOKEN=1)
+    assert strategy.guesses_next_token  # gates guess the next token (round AO)
     batch = decode_batch(gated)
     cuts = cut_layers(model, strategy)
     handed = []
@@ -385,14 +386,11 @@ def test_the_kernels_read_a_miss_in_place_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("mode", ["zero_copy", "gates", "gates_next_token"])
+@pytest.mark.parametrize("mode", ["zero_copy", "gates"])
 def test_zero_copy_decodes_like_resident_on_cuda(synth_tiny, monkeypatch, graphs, mode):
     from tests.engine.test_graphs import generate
 
     resident, _ = generate(synth_tiny[0], monkeypatch, graphs=False)
-    if mode == "gates_next_token":  # round AO's switch: the step's end guesses the next token
-        monkeypatch.setenv("FT_GUESS_NEXT_TOKEN", "1")
-        mode = "gates"
     config = dict(moe_strategy="offload", moe_cache_size=14, **{f"moe_{mode}": True})  # evicts
     got, stats = generate(synth_tiny[0], monkeypatch, graphs=graphs, **config)
     assert got == resident
