@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ft.engine.config import EngineConfig
 from ft.engine.experts.grouped import InPlace, moe_pairs, plan_blocks, reduce_pairs
+from ft.engine.experts.stream_write import stream_writer
 from ft.engine.experts.zero_copy import ZeroCopyCache
 from ft.engine.fused import rms_norm
 from ft.engine.graphs import Handoff, StopRows, cut_layers, follow_step, run_stretch
@@ -386,11 +387,14 @@ def test_the_kernels_read_a_miss_in_place_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("mode", ["zero_copy", "gates"])
+@pytest.mark.parametrize("mode", ["zero_copy", "gates", "gates_copied_marks"])
 def test_zero_copy_decodes_like_resident_on_cuda(synth_tiny, monkeypatch, graphs, mode):
     from tests.engine.test_graphs import generate
 
     resident, _ = generate(synth_tiny[0], monkeypatch, graphs=False)
+    if mode == "gates_copied_marks":  # the ready marks copied, as where the driver can't write
+        monkeypatch.setenv("FT_READY_MARK", "copy")
+        mode = "gates"
     config = dict(moe_strategy="offload", moe_cache_size=14, **{f"moe_{mode}": True})  # evicts
     got, stats = generate(synth_tiny[0], monkeypatch, graphs=graphs, **config)
     assert got == resident
@@ -399,9 +403,11 @@ def test_zero_copy_decodes_like_resident_on_cuda(synth_tiny, monkeypatch, graphs
 
 
 @pytest.mark.gpu
-def test_the_plan_waits_for_a_queued_copy_and_reads_in_place_past_its_bound():
+@pytest.mark.parametrize("marking", ["copied", "written"])
+def test_the_plan_waits_for_a_queued_copy_and_reads_in_place_past_its_bound(marking):
     """A slot whose ready mark lands while the work-list kernel polls is used; one whose mark
-    never lands is read in place once the kernel stops polling."""
+    never lands is read in place once the kernel stops polling. The mark queued behind the
+    copy as the cache does it: a 4-byte copy, or written from the stream (stream_write)."""
     table = torch.tensor([0, 1, -1, -1], dtype=torch.int32, device="cuda")
     ready = torch.tensor([-1, -1], dtype=torch.int32, device="cuda")  # neither landed yet
     ids, weights = torch.tensor([[0, 1]], device="cuda"), torch.rand(1, 2, device="cuda")
@@ -409,9 +415,15 @@ def test_the_plan_waits_for_a_queued_copy_and_reads_in_place_past_its_bound():
     big = torch.empty(32 << 20, dtype=torch.uint8).pin_memory()  # ~0.6 ms of copy ahead
     side, mark = torch.cuda.Stream(), torch.tensor([0], dtype=torch.int32).pin_memory()
     scratch = torch.empty_like(big, device="cuda")
+    write = stream_writer(0) if marking == "written" else None
+    if marking == "written" and write is None:
+        pytest.skip("this driver has no stream memory operations")
     with torch.cuda.stream(side):  # slot 0's mark lands behind a long copy; slot 1's never
         scratch.copy_(big, non_blocking=True)
-        ready[:1].copy_(mark, non_blocking=True)
+        if write is None:
+            ready[:1].copy_(mark, non_blocking=True)
+        else:
+            write(side.cuda_stream, ready.data_ptr(), 0)
     blocks = plan_blocks(ids, weights, table, "triton", InPlace(4, misses, ready, 0))
     torch.cuda.synchronize()
     assert sorted(blocks.slot.tolist()) == [0, 4 + 1]  # waited for slot 0; expert 1 in place

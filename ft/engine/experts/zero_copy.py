@@ -9,8 +9,9 @@ GPU through the step: as each layer's routing lands in pinned memory (`graphs.St
 that the next layers' routers guess and then of the ones this layer missed (for the next
 token). Three rules keep the GPU from reading a slot that is being written:
 
-- a slot's data counts as landed only once `ready[slot]` holds the expert's code, which the
-  copy engine writes there behind the data, on the same stream (`_load`); the work-list kernel
+- a slot's data counts as landed only once `ready[slot]` holds the expert's code, written
+  there behind the data, on the same stream (`_load`: a stream memory operation, else a copy
+  of 4 bytes); the work-list kernel
   checks it, and waits a bounded time for a copy still queued (grouped.InPlace);
 - a slot is taken only from a layer the GPU has finished in this step (at `follow(layer)`:
   every layer before it), so no kernel is reading it;
@@ -45,6 +46,7 @@ from contextlib import contextmanager
 import torch
 
 from ft.engine.experts.cache import ExpertCache, device_view
+from ft.engine.experts.stream_write import stream_writer
 
 RESERVE = 8  # free slots for a step's first layers: no finished layer can give them one yet
 RING = 4096  # staging entries of the ready marks: one per copy, reused RING copies later
@@ -66,6 +68,8 @@ class ZeroCopyCache(ExpertCache):
         # [N] the code (layer * E + expert) of the expert whose data each slot holds
         self.ready = torch.full((num_slots,), -1, dtype=torch.int32, device=self.device)
         cuda = self.device.type == "cuda"
+        # the marks written from the copy's stream queue where the driver can, else copied
+        self._write = stream_writer(self.device.index or 0) if cuda else None
         self._marks = torch.empty(RING, dtype=torch.int32, pin_memory=cuda)  # copies' sources
         self._mark_items, self._copies = self._marks.numpy(), 0
         # device gates: [layers] int32 the work lists read in place, nonzero once the host has
@@ -155,8 +159,13 @@ class ZeroCopyCache(ExpertCache):
     def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:
         """As offload's, then the slot's ready mark, queued behind the data on its stream."""
         slot = super()._load(layer, expert, non_blocking, stream)
+        code = self.code(layer, expert)
+        if self._write is not None:  # no turn of the copy engine (stream_write)
+            stream = stream or self._streams.current()
+            self._write(stream.cuda_stream, self.ready.data_ptr() + 4 * slot, code)  # int32
+            return slot
         i = self._copies = (self._copies + 1) % RING
-        self._mark_items[i] = self.code(layer, expert)
+        self._mark_items[i] = code
         self.ready[slot].copy_(self._marks[i], non_blocking=non_blocking)
         return slot
 
