@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU round AO (prepared in the session of round AN, not yet run): does guessing the next token's
+# GPU round AO (run 2026-12-02; FT_GUESS_NEXT_TOKEN was its switch, now what gates always do,
+# so its `gates` and `next` variants both guess today): does guessing the next token's
 # first MoE layers at the end of the step (FT_GUESS_NEXT_TOKEN=1: the logits' argmax, its
 # embedding, the first routers, written for the host, which copies them in while the GPU samples
 # and starts the next step) take layer 0's misses and the step's front-loaded copies off b1's

@@ -10,7 +10,10 @@ its end; B high priority, then normal); and of A's whole queue in each case. If 
 near the lone copy's, copies on two streams run side by side (sharing PCIe or not); if it is
 near the queue's, the copy engine serves them in order. Last, `--queued` copies split over two
 streams, issued alternately: their span against one stream's queue tells whether two streams
-add bandwidth.
+add bandwidth. And how the copy's granularity costs: `--queued` experts queued on one stream as
+the engine copies them (three parts, then a 4-byte ready mark), as three parts alone, and as one
+contiguous block each (a host layout with an expert's parts side by side); and with the mark
+written from the stream's queue (a driver stream memory operation, as the cache now does).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import json
 import statistics
 
 import torch
+
+from ft.engine.experts.stream_write import stream_writer
 
 PART = (2048, 768)  # one of an expert's three matrices, bf16: 3.1 MB
 
@@ -97,6 +102,41 @@ def main() -> None:
         results.setdefault(f"two_streams_{2 * half}_copies_us", []).append(
             start.elapsed_time(end) * 1000
         )
+    # granularity: the same bytes per expert, in 3 parts + a mark, 3 parts, or one block
+    blocks_src = [torch.cat([p.flatten() for p in src]).pin_memory() for src in sources]
+    blocks_dst = [torch.empty_like(b, device=dev) for b in blocks_src]
+    mark = torch.zeros(1, dtype=torch.int32).pin_memory()
+    ready = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def parts_and_mark():
+        for i in range(args.queued):
+            copy(slots[i], sources[i])
+            ready.copy_(mark, non_blocking=True)
+
+    def parts():
+        for i in range(args.queued):
+            copy(slots[i], sources[i])
+
+    def one_block():
+        for i in range(args.queued):
+            blocks_dst[i].copy_(blocks_src[i], non_blocking=True)
+
+    write = stream_writer(0)
+
+    def parts_and_written_mark():  # the mark from the stream's queue: no turn of the copy engine
+        for i in range(args.queued):
+            copy(slots[i], sources[i])
+            write(torch.cuda.current_stream().cuda_stream, ready.data_ptr(), i)
+
+    variants = [("parts_mark", parts_and_mark), ("parts", parts), ("block", one_block)]
+    if write is not None:
+        variants.append(("parts_written_mark", parts_and_written_mark))
+    for name, fn in variants:
+        for _ in range(args.repeats):
+            torch.cuda.synchronize()
+            events = timed(a, fn)
+            torch.cuda.synchronize()
+            record(f"queue_{name}_us", events)
     out = {k: round(statistics.median(v), 1) for k, v in results.items()}
     out["queued"] = args.queued
     out["expert_mb"] = round(3 * PART[0] * PART[1] * 2 / 1e6, 2)
