@@ -69,7 +69,7 @@ class ZeroCopyCache(ExpertCache):
         self.ready = torch.full((num_slots,), -1, dtype=torch.int32, device=self.device)
         cuda = self.device.type == "cuda"
         # the marks written from the copy's stream queue where the driver can, else copied
-        self._write = stream_writer(self.device.index or 0) if cuda else None
+        self._write = stream_writer(self._streams.index) if cuda else None
         self._marks = torch.empty(RING, dtype=torch.int32, pin_memory=cuda)  # copies' sources
         self._mark_items, self._copies = self._marks.numpy(), 0
         # device gates: [layers] int32 the work lists read in place, nonzero once the host has
