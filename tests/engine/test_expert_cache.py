@@ -300,3 +300,41 @@ def test_the_device_reads_the_slot_table_in_place():
         expected = [cache.slot_of(1, e) for e in (0, 1, 2)]
         assert out.tolist() == [-1 if s is None else s for s in expected]
         assert all(cache.slot_of(1, e) == s for e, s in zip(experts, slots, strict=True))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "nvfp4"])
+def test_an_expert_s_parts_lie_side_by_side_and_cross_in_one_copy(monkeypatch, fmt):
+    """Each expert's parts are contiguous views into one aligned block of the layer, and a slot
+    is laid out alike, so loading an expert copies its block once; part by part gives the same
+    slot contents."""
+    from ft.engine.experts.store import ALIGN
+
+    store = HostExpertStore.allocate(1, [0], 4, 256, 128, torch.bfloat16, fmt)
+    block, bank = store.blocks[0], store.banks[0]
+    assert block.shape[1] % ALIGN == 0 and block.shape[1] >= store.expert_bytes
+    gen = torch.Generator().manual_seed(1)
+    block.copy_(torch.randint(0, 256, block.shape, generator=gen, dtype=torch.uint8))
+    for part in bank.values():
+        row = part[2]
+        assert row.is_contiguous()
+        start = row.data_ptr() - block[2].data_ptr()
+        assert 0 <= start and start % ALIGN == 0 and start + row.nbytes <= block.shape[1]
+    copied, sources, real_copy = [], [], torch.Tensor.copy_
+
+    def counted_copy(dst, src, **kw):
+        sources.append(src)
+        return real_copy(dst, src, **kw)
+
+    for mode in ("whole", "parts"):
+        if mode == "parts":
+            monkeypatch.setenv("FT_EXPERT_COPY", "parts")
+        cache = ExpertCache(store, num_slots=2, device="cpu")
+        sources.clear()
+        monkeypatch.setattr(torch.Tensor, "copy_", counted_copy)
+        (slot,) = cache.ensure(0, [2])
+        monkeypatch.setattr(torch.Tensor, "copy_", real_copy)
+        assert len(sources) == (1 if mode == "whole" else len(bank))
+        copied.append({name: part[slot].clone() for name, part in cache.bank.items()})
+    for name, part in bank.items():
+        for got in copied:
+            assert torch.equal(got[name].view(torch.uint8), part[2].view(torch.uint8)), name

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ft.engine.config import EngineConfig
 from ft.engine.experts.grouped import InPlace, moe_pairs, plan_blocks, reduce_pairs
+from ft.engine.experts.store import expert_blocks
 from ft.engine.experts.stream_write import stream_writer
 from ft.engine.experts.zero_copy import ZeroCopyCache
 from ft.engine.fused import rms_norm
@@ -366,7 +367,7 @@ def test_stop_rows_are_waited_for_read_once_and_time_out(monkeypatch):
 def test_the_kernels_read_a_miss_in_place_on_cuda():
     store = make_store(layers=1, experts=6, hidden=256, inter=128)  # pinned: CUDA is present
     bank = store.banks[0]
-    slots = {k: torch.zeros((3, *v.shape[1:]), device="cuda") for k, v in bank.items()}
+    _, slots = expert_blocks(3, store.parts, device="cuda")  # laid out as the store, as the cache
     for slot, expert in enumerate([4, 0, 2]):
         for k in slots:
             slots[k][slot] = bank[k][expert].cuda()

@@ -28,12 +28,13 @@ behind every guess queued before it (a median 179 us, round T in docs/perf.md).
 from __future__ import annotations
 
 import itertools
+import os
 from collections import OrderedDict, deque
 from contextlib import contextmanager
 
 import torch
 
-from ft.engine.experts.store import HostExpertStore
+from ft.engine.experts.store import HostExpertStore, expert_blocks
 
 _TYPESTR = {torch.int32: "<i4", torch.int64: "<i8"}
 
@@ -100,10 +101,8 @@ class ExpertCache:
         self.store = store
         self.num_slots = num_slots
         self.device = torch.device(device)
-        self.bank = {
-            name: torch.empty(num_slots, *p.shape, dtype=p.dtype, device=self.device)
-            for name, p in store.parts.items()
-        }  # part -> [N, ...]
+        # part -> [N, ...]: views of one block a slot, laid out as the store's (one copy each)
+        self._slot_blocks, self.bank = expert_blocks(num_slots, store.parts, device=self.device)
         self._slot_of: OrderedDict[tuple[int, int], int] = OrderedDict()  # LRU first
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.hits = self.misses = self.evictions = self.bytes_fetched = 0
@@ -130,6 +129,8 @@ class ExpertCache:
         # each slot's parts and each expert's as views made once: indexing a bank costs ~2 us
         # a part, at each copy
         self._slot_parts = [[part[s] for part in self.bank.values()] for s in range(num_slots)]
+        self._slot_block_rows = [[self._slot_blocks[s]] for s in range(num_slots)]
+        self._whole = os.environ.get("FT_EXPERT_COPY") != "parts"  # round AR's comparison
         self._expert_parts: dict[tuple[int, int], list[torch.Tensor]] = {}
         shape = (len(store.banks), store.num_experts)  # [layers, E]
         self._table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
@@ -304,10 +305,16 @@ class ExpertCache:
     def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:
         slot = self._take_slot(stream)
         parts = self._expert_parts.get((layer, expert))
-        if parts is None:  # in the bank's order of parts
-            host = self.store.banks[layer]
-            parts = self._expert_parts[layer, expert] = [host[name][expert] for name in self.bank]
-        for dst, src in zip(self._slot_parts[slot], parts, strict=True):
+        if parts is None:  # the expert's block, else its parts in the bank's order
+            blocks = self.store.blocks[layer] if self.store.blocks and self._whole else None
+            if blocks is not None and blocks.shape[1] == self._slot_blocks.shape[1]:
+                parts = [blocks[expert]]
+            else:
+                host = self.store.banks[layer]
+                parts = [host[name][expert] for name in self.bank]
+            self._expert_parts[layer, expert] = parts
+        slot_parts = self._slot_parts[slot] if len(parts) > 1 else self._slot_block_rows[slot]
+        for dst, src in zip(slot_parts, parts, strict=True):
             dst.copy_(src, non_blocking=non_blocking)
         self._slot_of[(layer, expert)] = slot
         self._table_items[layer, expert] = slot

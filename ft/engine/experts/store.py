@@ -5,6 +5,11 @@ leading dim of E experts; the parts are the expert format's (`bf16`: `w13` [E, 2
 0..I-1 gate / w1 and I..2I-1 up / w3, `w2` [E, D, I]; quantised formats add their scales).
 None for dense layers. Pinned when CUDA is present so copies into device slots can be
 asynchronous.
+
+In memory an expert's parts lie side by side, in one block a row of the layer's `blocks`
+([E, block bytes]); each part is a view, each expert's part contiguous. A cache slot is laid
+out the same way (`expert_blocks`), so an expert crosses PCIe in one copy: three copies of its
+parts cost ~5 us of the link more an expert (round AQ's probe in docs/perf.md).
 """
 
 from __future__ import annotations
@@ -15,6 +20,24 @@ import torch
 
 from ft.engine.formats import ExpertFormat, Part, Parts, get_format
 
+ALIGN = 64  # bytes: each part's start in a block, and the block's size, a multiple of it
+
+
+def expert_blocks(count: int, parts: dict[str, Part], **alloc) -> tuple[torch.Tensor, Parts]:
+    """-> (blocks [count, block bytes] uint8, part name -> a view [count, *shape] of them):
+    `count` experts' parts side by side, each expert's part contiguous and aligned; `alloc`:
+    torch.empty's device or pin_memory."""
+    offsets, size = {}, 0
+    for name, part in parts.items():
+        offsets[name] = size
+        size += -(-part.nbytes // ALIGN) * ALIGN
+    blocks = torch.empty(count, size, dtype=torch.uint8, **alloc)
+    views = {
+        name: blocks[:, at : at + part.nbytes].view(part.dtype).view(count, *part.shape)
+        for (name, part), at in zip(parts.items(), offsets.values(), strict=True)
+    }
+    return blocks, views
+
 
 @dataclass
 class HostExpertStore:
@@ -24,6 +47,9 @@ class HostExpertStore:
     intermediate_size: int
     dtype: torch.dtype  # the engine's float dtype: bf16-format parts and every compute
     fmt: str = "bf16"  # expert format (ft.engine.formats)
+    # per decoder layer: [E, block bytes], the banks' memory (expert_blocks), or None (dense
+    # layer, or banks made some other way: then copied part by part)
+    blocks: list[torch.Tensor | None] | None = None
 
     @classmethod
     def allocate(
@@ -34,12 +60,10 @@ class HostExpertStore:
         form.check_shape(hidden, inter)
         parts = form.parts(hidden, inter, dtype)
         banks: list[Parts | None] = [None] * num_layers
+        blocks: list[torch.Tensor | None] = [None] * num_layers
         for layer in moe_layers:
-            banks[layer] = {
-                name: torch.empty(num_experts, *p.shape, dtype=p.dtype, pin_memory=pin)
-                for name, p in parts.items()
-            }
-        return cls(banks, num_experts, hidden, inter, dtype, fmt)
+            blocks[layer], banks[layer] = expert_blocks(num_experts, parts, pin_memory=pin)
+        return cls(banks, num_experts, hidden, inter, dtype, fmt, blocks)
 
     @property
     def format(self) -> ExpertFormat:
