@@ -131,7 +131,8 @@ class ExpertCache:
         self._slot_parts = [[part[s] for part in self.bank.values()] for s in range(num_slots)]
         self._slot_block_rows = [[self._slot_blocks[s]] for s in range(num_slots)]
         self._whole = os.environ.get("FT_EXPERT_COPY") != "parts"  # round AR's comparison
-        self._expert_parts: dict[tuple[int, int], list[torch.Tensor]] = {}
+        # (layer, expert) -> (whole block?, its host views to copy)
+        self._expert_parts: dict[tuple[int, int], tuple[bool, list[torch.Tensor]]] = {}
         shape = (len(store.banks), store.num_experts)  # [layers, E]
         self._table = torch.full(shape, -1, dtype=torch.int32, pin_memory=cuda)
         self.slot_table = device_view(self._table, self.device) if cuda else self._table
@@ -304,17 +305,18 @@ class ExpertCache:
 
     def _load(self, layer: int, expert: int, non_blocking: bool, stream=None) -> int:
         slot = self._take_slot(stream)
-        parts = self._expert_parts.get((layer, expert))
-        if parts is None:  # the expert's block, else its parts in the bank's order
+        sources = self._expert_parts.get((layer, expert))
+        if sources is None:  # the expert's block whole, else its parts in the bank's order
             blocks = self.store.blocks[layer] if self.store.blocks and self._whole else None
             if blocks is not None and blocks.shape[1] == self._slot_blocks.shape[1]:
-                parts = [blocks[expert]]
+                sources = (True, [blocks[expert]])
             else:
                 host = self.store.banks[layer]
-                parts = [host[name][expert] for name in self.bank]
-            self._expert_parts[layer, expert] = parts
-        slot_parts = self._slot_parts[slot] if len(parts) > 1 else self._slot_block_rows[slot]
-        for dst, src in zip(slot_parts, parts, strict=True):
+                sources = (False, [host[name][expert] for name in self.bank])
+            self._expert_parts[layer, expert] = sources
+        whole, parts = sources
+        targets = self._slot_block_rows[slot] if whole else self._slot_parts[slot]
+        for dst, src in zip(targets, parts, strict=True):
             dst.copy_(src, non_blocking=non_blocking)
         self._slot_of[(layer, expert)] = slot
         self._table_items[layer, expert] = slot
