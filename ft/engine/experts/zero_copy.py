@@ -11,8 +11,8 @@ token). Three rules keep the GPU from reading a slot that is being written:
 
 - a slot's data counts as landed only once `ready[slot]` holds the expert's code, written
   there behind the data, on the same stream (`_load`: a stream memory operation, else a copy
-  of 4 bytes); the work-list kernel
-  checks it, and waits a bounded time for a copy still queued (grouped.InPlace);
+  of 4 bytes); the work-list kernel checks it, and waits a bounded time for a copy still
+  queued (grouped.InPlace);
 - a slot is taken only from a layer the GPU has finished in this step (at `follow(layer)`:
   every layer before it), so no kernel is reading it;
 - its table entry is cleared at once, from the host, so the next step reads that expert in
