@@ -7,7 +7,8 @@ import torch
 
 from ft.engine.experts.cache import ExpertCache
 from ft.engine.experts.dispatch import add_expert, group_by_expert
-from ft.engine.experts.store import HostExpertStore
+from ft.engine.experts.store import HostExpertStore, block_views
+from ft.engine.formats import FORMATS
 from ft.engine.strategies.offload import OffloadStrategy
 from ft.engine.strategies.resident import ResidentStrategy
 
@@ -338,3 +339,25 @@ def test_an_expert_s_parts_lie_side_by_side_and_cross_in_one_copy(monkeypatch, f
     for name, part in bank.items():
         for got in copied:
             assert torch.equal(got[name].view(torch.uint8), part[2].view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_views_of_a_copy_of_the_blocks_are_the_bank(fmt):
+    """Resident moves a layer's blocks in one copy and reads its parts through block_views: over
+    a copy of the blocks they are the bank's parts, byte for byte, each in its own dtype."""
+    store = HostExpertStore.allocate(2, [1], 4, 256, 128, torch.bfloat16, fmt)  # 0: dense
+    assert store.blocks[0] is None and store.banks[0] is None
+    blocks, bank = store.blocks[1], store.banks[1]
+    gen = torch.Generator().manual_seed(2)
+    blocks.copy_(torch.randint(0, 256, blocks.shape, generator=gen, dtype=torch.uint8))
+    copy = blocks.clone()
+    views = block_views(copy, store.parts)
+    assert list(views) == list(bank)
+    for name, part in bank.items():
+        got = views[name]
+        assert (got.shape, got.dtype, got.stride()) == (part.shape, part.dtype, part.stride())
+        assert got.untyped_storage().data_ptr() == copy.untyped_storage().data_ptr()  # a view
+        for e in range(store.num_experts):  # as bytes: random bits may be NaNs
+            assert torch.equal(got[e].view(torch.uint8), part[e].view(torch.uint8)), (name, e)
+    # the CPU "device" reads the host store in place, no copy
+    assert ResidentStrategy(store, "cpu").banks[1] is bank

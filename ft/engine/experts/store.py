@@ -9,7 +9,8 @@ asynchronous.
 In memory an expert's parts lie side by side, in one block a row of the layer's `blocks`
 ([E, block bytes]); each part is a view, each expert's part contiguous. A cache slot is laid
 out the same way (`expert_blocks`), so an expert crosses PCIe in one copy: three copies of its
-parts cost ~5 us of the link more an expert (round AQ's probe in docs/perf.md).
+parts cost ~5 us of the link more an expert (round AQ's probe in docs/perf.md). Resident's
+device copy of a layer is its blocks, copied whole, read through the same views (`block_views`).
 """
 
 from __future__ import annotations
@@ -27,16 +28,23 @@ def expert_blocks(count: int, parts: dict[str, Part], **alloc) -> tuple[torch.Te
     """-> (blocks [count, block bytes] uint8, part name -> a view [count, *shape] of them):
     `count` experts' parts side by side, each expert's part contiguous and aligned; `alloc`:
     torch.empty's device or pin_memory."""
-    offsets, size = {}, 0
-    for name, part in parts.items():
-        offsets[name] = size
-        size += -(-part.nbytes // ALIGN) * ALIGN
+    size = sum(_aligned(part.nbytes) for part in parts.values())
     blocks = torch.empty(count, size, dtype=torch.uint8, **alloc)
-    views = {
-        name: blocks[:, at : at + part.nbytes].view(part.dtype).view(count, *part.shape)
-        for (name, part), at in zip(parts.items(), offsets.values(), strict=True)
-    }
-    return blocks, views
+    return blocks, block_views(blocks, parts)
+
+
+def block_views(blocks: torch.Tensor, parts: dict[str, Part]) -> Parts:
+    """Part name -> a view [count, *shape] of `blocks` ([count, block bytes] uint8, laid out by
+    expert_blocks): so a copy of the blocks, anywhere, is read as the same parts."""
+    views, at, count = {}, 0, len(blocks)
+    for name, part in parts.items():
+        views[name] = blocks[:, at : at + part.nbytes].view(part.dtype).view(count, *part.shape)
+        at += _aligned(part.nbytes)
+    return views
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ft.engine.experts.grouped import plan_blocks
+from ft.engine.experts.store import block_views
 from ft.engine.strategies.base import MoeStrategy
 
 
@@ -20,8 +21,10 @@ class ResidentStrategy(MoeStrategy):
         super().__init__(store, device)
         device = torch.device(device)
         same = device.type == "cpu"  # the CPU "device" reads the host store in place
+        blocks = store.blocks or [None] * len(store.banks)
         self.banks = [  # per layer: part -> [E, ...], slot = expert id
-            b if b is None or same else {k: t.to(device) for k, t in b.items()} for b in store.banks
+            b if b is None or same else _to_device(b, blk, store.parts, device)
+            for b, blk in zip(store.banks, blocks, strict=True)
         ]
         self._uses_on_device = torch.zeros((), dtype=torch.long, device=device)
 
@@ -48,3 +51,12 @@ class ResidentStrategy(MoeStrategy):
             cache_hits=uses, cache_misses=0, experts_fetched=0, bytes_fetched=0,
             experts_cpu=0, experts_cpu_inline=0, expert_uses=uses,
         )  # fmt: skip
+
+
+def _to_device(bank, blocks, parts, device: torch.device):
+    """A layer's bank on the device. The parts are strided views of the layer's blocks: `.to`
+    would first gather each into a contiguous host copy (slow, and twice the host memory), so
+    the blocks cross once and the parts are read from them as on the host."""
+    if blocks is None:  # banks made some other way: part by part
+        return {k: t.to(device) for k, t in bank.items()}
+    return block_views(blocks.to(device), parts)
