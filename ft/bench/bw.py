@@ -108,8 +108,8 @@ def run_bw(cfg: BwConfig, on_stage: Callable[[str], None] = lambda _: None) -> d
 
 def measure_format(fmt: BenchFormat, cfg: BwConfig, pool: CpuMoeExecutor, device, on_stage) -> dict:
     on_stage(f"{fmt.name}: synthetic experts")
-    bank = fmt.make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=device is not None)
-    bench = _FormatBench(fmt, cfg, pool, bank, device)
+    store = fmt.make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=device is not None)
+    bench = _FormatBench(fmt, cfg, pool, store, device)
     kernel = {
         "expert_bytes": fmt.expert_bytes(cfg.hidden, cfg.inter),
         "synth_experts": cfg.synth_experts,
@@ -147,12 +147,16 @@ def measure_format(fmt: BenchFormat, cfg: BwConfig, pool: CpuMoeExecutor, device
 class _FormatBench:
     """The decode-batch steps of one format: pool submits, slot gathers, and both at once."""
 
-    def __init__(self, fmt: BenchFormat, cfg: BwConfig, pool, bank: dict, device) -> None:
-        self.fmt, self.cfg, self.pool, self.bank = fmt, cfg, pool, bank
+    def __init__(
+        self, fmt: BenchFormat, cfg: BwConfig, pool, store: tuple[torch.Tensor, dict], device
+    ) -> None:
+        self.fmt, self.cfg, self.pool = fmt, cfg, pool
+        blocks, self.bank = store  # BenchFormat.make_store: (host blocks, part -> views)
         self.expert_bytes = fmt.expert_bytes(cfg.hidden, cfg.inter)
         self.x = torch.randn(1, cfg.hidden, dtype=fmt.dtype)  # decode batch: one token
         self.rows, self.weights = torch.zeros(1, dtype=torch.long), torch.ones(1)
-        self.gather = None if device is None else SlotGather(bank, 2 * cfg.experts_per_step, device)
+        parts, slots = fmt.parts(cfg.hidden, cfg.inter), 2 * cfg.experts_per_step
+        self.gather = None if device is None else SlotGather(blocks, parts, slots, device)
         self._cursor = {"cpu": 0, "gpu": cfg.synth_experts // 2}  # the two sides read apart
 
     def _next_experts(self, side: str) -> list[int]:

@@ -1,5 +1,6 @@
 """Link measurements for `ft bench bw`: host memory read, PCIe linear copies, and the gather of
-whole experts into device cache slots, as the engine's expert cache does it.
+whole experts into device cache slots, as the engine's expert cache does it (one copy an expert:
+its parts lie side by side in one block, on the host and in the slot).
 
 Every measurement is a list of Samples (one timed batch each); the caller drops warm-ups and
 quotes the median.
@@ -14,6 +15,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from ft.engine.experts.store import expert_blocks
+from ft.engine.formats import Part
 
 
 @dataclass(frozen=True)
@@ -69,17 +73,20 @@ def pcie_linear_gbs(
 
 
 class SlotGather:
-    """Device cache slots, a bank like the engine's (part -> [N, ...]: w13 [N, 2I, D], w2
-    [N, D, I] and the format's scales), filled on a side stream from a pinned host bank."""
+    """Device cache slots laid out as the engine's (expert_blocks: one block a slot, the
+    format's parts side by side in it), filled on a side stream from a pinned host store laid
+    out alike: one copy an expert, as the engine's cache."""
 
-    def __init__(self, host: dict[str, torch.Tensor], slots: int, device: torch.device):
-        self.host = host  # part -> [E, ...] pinned host
-        self.bank = {
-            name: torch.empty((slots, *t.shape[1:]), dtype=t.dtype, device=device)
-            for name, t in host.items()
-        }
+    def __init__(
+        self, host: torch.Tensor, parts: dict[str, Part], slots: int, device: torch.device
+    ):
+        self.host = host  # [E, block bytes] pinned host blocks (BenchFormat.make_store)
+        # bank: part -> [N, ...] views of the slot blocks (w13, w2 and the format's scales)
+        self.blocks, self.bank = expert_blocks(slots, parts, device=device)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # CPU: tests
-        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in host.values())
+        # counted as the engine's bytes_fetched and the profile's expert_bytes: the parts' bytes
+        # (a block's alignment padding, < 64 bytes a part, crosses too but is no expert's)
+        self.expert_bytes = sum(p.nbytes for p in parts.values())
         self.slots = slots
         self._next_slot = 0
 
@@ -88,8 +95,7 @@ class SlotGather:
         with torch.cuda.stream(self.stream) if self.stream else nullcontext():
             for e in experts:
                 s, self._next_slot = self._next_slot, (self._next_slot + 1) % self.slots
-                for name, dst in self.bank.items():  # every part, as the engine's cache
-                    dst[s].copy_(self.host[name][e], non_blocking=True)
+                self.blocks[s].copy_(self.host[e], non_blocking=True)  # the whole block
         if self.stream:
             self.stream.synchronize()
         return len(experts) * self.expert_bytes

@@ -9,7 +9,7 @@ import torch
 
 from ft.bench import bw as bw_mod
 from ft.bench.bw import NO_GPU_NOTE, BwConfig, _FormatBench, measure_format, run_bw
-from ft.bench.bw_formats import FORMATS, BenchFormat
+from ft.bench.bw_formats import ENGINE_FORMAT_NAMES, FORMATS, BenchFormat
 from ft.bench.profile import decide, load_profile
 from ft.engine.config import EXPERT_FORMATS
 from ft.engine.cpu_moe import THREAD_PREFIX, CpuMoeExecutor
@@ -57,9 +57,10 @@ def test_cpu_numbers_come_from_the_pool(monkeypatch):
 def test_gather_and_overlap_logic_on_cpu_slots():
     """The slot gather and the overlapped pair, with CPU buffers standing in for the device."""
     cfg = BwConfig(quick=True, threads=1, device="cpu")
-    bank = FORMATS["bf16"].make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
+    store = FORMATS["bf16"].make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
+    _, bank = store
     with CpuMoeExecutor(threads=1) as pool:
-        bench = _FormatBench(FORMATS["bf16"], cfg, pool, bank, torch.device("cpu"))
+        bench = _FormatBench(FORMATS["bf16"], cfg, pool, store, torch.device("cpu"))
         samples = bench.gather_samples(3)
         k = cfg.experts_per_step
         assert [s.nbytes for s in samples] == [k * bench.expert_bytes] * 3
@@ -141,18 +142,37 @@ def test_every_engine_format_is_measured_through_its_cpu_path():
     assert sizes == sorted(sizes, reverse=True)  # bf16 > int8 > fp8_block > nvfp4
 
 
-def test_gather_copies_every_part_of_a_quantized_expert():
+@pytest.mark.parametrize("name", ENGINE_FORMAT_NAMES)
+def test_gather_copies_each_expert_s_whole_block_once(monkeypatch, name):
+    """As the engine's cache: the host store and the slots are laid out as expert_blocks, so an
+    expert crosses in one copy of its block row, and the slot's views then hold every part."""
     cfg = BwConfig(quick=True, threads=1, device="cpu")
-    fmt = FORMATS["nvfp4"]
-    bank = fmt.make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
+    fmt = FORMATS[name]
+    blocks, bank = fmt.make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
+    assert all(t.untyped_storage().data_ptr() == blocks.data_ptr() for t in bank.values())
+    copies, real_copy = [], torch.Tensor.copy_
+
+    def counted_copy(dst, src, **kw):
+        copies.append((dst, src))
+        return real_copy(dst, src, **kw)
+
     with CpuMoeExecutor(threads=1) as pool:
-        bench = _FormatBench(fmt, cfg, pool, bank, torch.device("cpu"))
+        bench = _FormatBench(fmt, cfg, pool, (blocks, bank), torch.device("cpu"))
+        monkeypatch.setattr(torch.Tensor, "copy_", counted_copy)
         (sample,) = bench.gather_samples(1)
-    assert sample.nbytes == cfg.experts_per_step * fmt.expert_bytes(cfg.hidden, cfg.inter)
-    first = cfg.synth_experts // 2  # where the gather's cursor starts
+        monkeypatch.setattr(torch.Tensor, "copy_", real_copy)
+    k, first = cfg.experts_per_step, cfg.synth_experts // 2  # where the gather's cursor starts
+    slots = bench.gather.blocks
+    assert [(d.data_ptr(), s.data_ptr()) for d, s in copies] == [
+        (slots[j].data_ptr(), blocks[first + j].data_ptr()) for j in range(k)
+    ]  # one copy an expert: its whole block row into its slot's
+    assert all(d.shape == s.shape == (blocks.shape[1],) for d, s in copies)
+    assert sample.nbytes == k * fmt.expert_bytes(cfg.hidden, cfg.inter)  # the parts' bytes
     assert set(bench.gather.bank) == set(bank) == set(fmt.form.parts(1, 1, torch.bfloat16))
-    for name, slots in bench.gather.bank.items():
-        assert torch.equal(slots[0], bank[name][first]), name
+    for part_name, part in bench.gather.bank.items():
+        for j in range(k):  # as bytes: a quantised part may hold NaN bit patterns
+            got, want = part[j].view(torch.uint8), bank[part_name][first + j].view(torch.uint8)
+            assert torch.equal(got, want), (part_name, j)
 
 
 class _NoCpuInt8(Int8Format):
