@@ -43,6 +43,26 @@ def decode_attention() -> str:
     return value if value in ("sdpa", "triton") else "triton"
 
 
+def ready_mark() -> str:
+    """FT_READY_MARK: write (default: a cache slot's ready mark written from the copy's stream
+    queue where the driver can) | copy (a 4-byte copy behind each expert, to compare)."""
+    return "copy" if os.environ.get("FT_READY_MARK", "").lower() == "copy" else "write"
+
+
+def expert_copy() -> str:
+    """FT_EXPERT_COPY: whole (default: an expert's block crosses PCIe in one copy) | parts (part
+    by part, to compare)."""
+    return "parts" if os.environ.get("FT_EXPERT_COPY", "").lower() == "parts" else "whole"
+
+
+def keep_ahead() -> int:
+    """FT_KEEP_AHEAD: device gates' layers after the one the host follows whose slots it keeps,
+    so the GPU passes them without waiting for the host where every routed expert has a slot
+    (default 4, at most a quarter of the MoE layers; 0: every layer waits for its gate)."""
+    value = os.environ.get("FT_KEEP_AHEAD", "4")
+    return int(value) if value.isdigit() else 4
+
+
 def api_key() -> str | None:
     """FT_API_KEY: the key `ft serve` requires and `ft bench serve` sends (default: none)."""
     return os.environ.get("FT_API_KEY") or None

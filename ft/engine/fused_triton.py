@@ -147,9 +147,29 @@ def _wait_for_host(gate_ptr):
 
 
 @triton.jit
+def _gated_slots(key, ok, table_ptr, gate_ptr, kept_ptr):
+    """Device gates: the slots of the layer's routed experts, read from the table once the host
+    lets the layer go. A layer whose slots the host keeps for the rest of the step (`kept`) goes
+    on at once where the table names a slot for every routed expert (the ready marks are still
+    checked); else it waits for the gate, which the host opens once it has queued the layer's
+    misses and named their slots. The table is read only after the flag or the gate has been
+    seen set (a branch on their value: the GPU issues no load past an unresolved branch), so a
+    slot the host took before keeping the layer is never read as named."""
+    slot = tl.full(key.shape, -1, tl.int32)
+    named = tl.load(kept_ptr, volatile=True) != 0
+    if named:
+        slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
+        named = tl.sum((ok & (slot < 0)).to(tl.int32), axis=0) == 0
+    if not named:
+        _wait_for_host(gate_ptr)
+        slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
+    return slot
+
+
+@triton.jit
 def _plan_kernel(
     ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, row_ptr,
-    count_ptr, uses_ptr, ready_ptr, gate_ptr, P, NSLOT, CODE, stride_ids, K: tl.constexpr,
+    count_ptr, uses_ptr, ready_ptr, gate_ptr, kept_ptr, P, NSLOT, CODE, stride_ids, K: tl.constexpr,
     BP: tl.constexpr, TABLE: tl.constexpr, IN_PLACE: tl.constexpr, WAIT: tl.constexpr,
     GATE: tl.constexpr, USES: tl.constexpr,
 ):  # fmt: skip
@@ -157,9 +177,9 @@ def _plan_kernel(
     ok = i < P
     at = (i // K) * stride_ids + i % K  # ids [T, K] may be a strided view
     key = tl.load(ids_ptr + at, mask=ok, other=2**30).to(tl.int32)  # padding sorts last
-    if GATE:  # device gates: the host has fetched the layer's misses once it opens the gate
-        _wait_for_host(gate_ptr)
-    if TABLE:  # volatile: the host may rewrite the table while a step runs (zero-copy decode)
+    if GATE:  # device gates: the host has fetched the layer's misses once it lets it go
+        slot = _gated_slots(key, ok, table_ptr, gate_ptr, kept_ptr)
+    elif TABLE:  # volatile: the host may rewrite the table while a step runs (zero-copy decode)
         slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
     else:
         slot = key
@@ -204,18 +224,23 @@ def plan_pairs(
     [P]: the row each pair (in routing order) lands on. in_place (grouped.InPlace, zero-copy
     decode): an expert whose slot is not ready gets num_slots + expert (read from the host store
     in place) and counts once in its misses; with a gate, the plan first waits for the host to
-    open it (it has then fetched the layer's misses: ft.engine.experts.zero_copy). uses (a
-    device counter): += the distinct experts computed from a slot."""
+    open it (it has then fetched the layer's misses: ft.engine.experts.zero_copy), unless the
+    host keeps the layer's slots and the table names one for every routed expert (`_gated_slots`).
+    uses (a device counter): += the distinct experts computed from a slot."""
     P, K = ids.numel(), ids.shape[1]  # noqa: N806
     if in_place is None:  # its operands are never read: stand-ins
         count, ready, num_slots, code_base, wait, gate = ids, ids, 0, 0, False, None
     else:
         count, ready, wait = in_place.misses, in_place.ready, in_place.wait
         num_slots, code_base, gate = in_place.num_slots, in_place.code_base, in_place.gate
+    assert gate is None or table is not None, "a gate guards a slot table"
+    # without a kept flag, the gate stands for it: an open gate lets the layer go as well
+    kept = gate if gate is None or in_place.kept is None else in_place.kept
     _plan_kernel[(1,)](
         ids, weights, table if table is not None else ids, tok, slot, weight, block_start,
         block_slot, row_of, count, uses if uses is not None else ids, ready,
-        gate if gate is not None else ids, P, num_slots, code_base, ids.stride(0), K=K,
+        gate if gate is not None else ids, kept if kept is not None else ids, P, num_slots,
+        code_base, ids.stride(0), K=K,
         BP=triton.next_power_of_2(P), TABLE=table is not None, IN_PLACE=in_place is not None,
         WAIT=wait, GATE=gate is not None, USES=uses is not None,
     )  # fmt: skip

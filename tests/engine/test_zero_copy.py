@@ -120,7 +120,7 @@ from ft.engine.experts.grouped import InPlace, plan_blocks
 
 table = torch.tensor([0, -1, -1, -1], dtype=torch.int32)  # expert 0 in slot 0; 1 and 3: none yet
 ready = torch.tensor([0, -1, -1], dtype=torch.int32)  # layer 0: a slot's mark is its expert
-gate = torch.zeros(1, dtype=torch.int32)
+gate, kept = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
 weights, misses = torch.rand(2, 2), torch.zeros(1, dtype=torch.long)
 
 def host():  # opens the layer late: expert 1 copied into slot 2 (landed), no slot for 3
@@ -131,9 +131,11 @@ def plan(ids):
     follower = threading.Thread(target=host)
     start = time.monotonic()
     follower.start()
-    blocks = plan_blocks(ids, weights, table, "triton", InPlace(3, misses, ready, 0, False, gate))
+    in_place = InPlace(3, misses, ready, 0, False, gate, kept)
+    blocks = plan_blocks(ids, weights, table, "triton", in_place)
+    waited = time.monotonic() - start
     follower.join()
-    return blocks, time.monotonic() - start
+    return blocks, waited
 
 blocks, waited = plan(torch.tensor([[0, 1], [3, 0]]))
 assert sorted(blocks.slot.tolist()) == [0, 0, 2, 3 + 3], blocks.slot  # 3 read in place
@@ -141,6 +143,12 @@ assert int(misses) == 1 and waited >= 0.3
 gate[0], table[1], ready[2] = 0, -1, -1
 blocks, waited = plan(torch.tensor([[0, 0], [0, 0]]))  # nothing missing: it waits all the same
 assert blocks.slot.tolist() == [0] * 4 and waited >= 0.3 and int(misses) == 1
+gate[0], table[1], ready[2], kept[0] = 0, -1, -1, 1  # the host keeps the layer's slots
+blocks, waited = plan(torch.tensor([[0, 0], [0, 0]]))  # every expert named: no wait
+assert blocks.slot.tolist() == [0] * 4 and waited < 0.3 and int(misses) == 1
+gate[0], table[1], ready[2] = 0, -1, -1
+blocks, waited = plan(torch.tensor([[0, 1], [0, 0]]))  # expert 1 has no slot: the gate
+assert sorted(blocks.slot.tolist()) == [0, 0, 0, 2] and waited >= 0.3 and int(misses) == 1
 print("ok")
 """
 
@@ -150,7 +158,8 @@ print("ok")
 def test_a_gated_plan_waits_for_the_host_then_reads_the_table():
     """A layer's work list waits at its gate until the host opens it (the interpreter's kernel
     polls the tensors a thread writes), then reads the table: the expert copied meanwhile comes
-    from its slot, the one the host found no slot for is read in place."""
+    from its slot, the one the host found no slot for is read in place. A kept layer whose
+    experts the table names goes on without the gate; one with an expert unnamed waits."""
     proc = run_interpreted(_GATED, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
@@ -174,7 +183,10 @@ def test_gates_copy_a_layer_s_misses_first_then_open_it(copies):  # noqa: F811
     assert int(cache.opened.sum()) == 0
 
 
-def test_gates_take_the_slot_of_any_layer_but_the_one_they_open(copies):  # noqa: F811
+def test_gates_without_kept_layers_take_the_slot_of_any_layer_but_the_one_they_open(
+    copies, monkeypatch,  # noqa: F811
+):  # fmt: skip
+    monkeypatch.setenv("FT_KEEP_AHEAD", "0")  # every layer waits for its gate
     cache = ZeroCopyCache(make_store(layers=3, experts=8), 2, "cpu", gates=True)
     cache.ensure(2, [0, 1])  # both slots: a layer the GPU has not reached; its gate is shut
     cache.follow(0, [1, 2], [])
@@ -182,6 +194,28 @@ def test_gates_take_the_slot_of_any_layer_but_the_one_they_open(copies):  # noqa
     cache.follow(0, [1, 2, 3], [])  # more experts than slots: the third has none to take
     assert cache.cached() == [(0, 1), (0, 2)] and int(cache.slot_table[0, 3]) == -1
     assert cache.misses == 2 + 2 + 1 and int(cache.opened[0]) == 1  # opened all the same
+
+
+def test_gates_keep_the_layers_after_the_one_they_follow_and_take_no_slot_of_theirs(
+    copies, monkeypatch,  # noqa: F811
+):  # fmt: skip
+    monkeypatch.setenv("FT_KEEP_AHEAD", "2")
+    cache = ZeroCopyCache(make_store(layers=8, experts=8), 3, "cpu", gates=True)
+    assert cache.keep_ahead == 2  # at most a quarter of the layers
+    for layer in (1, 2, 5):  # least recently used first: (1, 0), (2, 0), (5, 0)
+        cache.ensure(layer, [0])
+    cache.begin_step()  # the step's first two layers kept before the GPU starts it
+    assert cache.kept.tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+    cache.follow(0, [1], [])  # kept: layers 1 and 2, whatever their age; 5 is taken
+    assert cache.kept.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert cache.cached() == [(1, 0), (2, 0), (0, 1)] and int(cache.slot_table[5, 0]) == -1
+    cache.follow(3, [2], [])  # layers 0-2 are done: the least recent of them goes
+    assert cache.cached() == [(2, 0), (0, 1), (3, 2)] and int(cache.slot_table[1, 0]) == -1
+    assert cache.kept.tolist() == [1, 1, 1, 1, 1, 1, 0, 0]
+    cache.follow(4, [6, 7], [])  # the two least recent of the layers done go
+    assert cache.cached() == [(3, 2), (4, 6), (4, 7)] and cache.misses == 3 + 1 + 1 + 2
+    cache.begin_step()
+    assert cache.kept.tolist() == [1, 1, 0, 0, 0, 0, 0, 0] and int(cache.opened.sum()) == 0
 
 
 def test_a_copy_marks_its_slot_ready_with_the_expert_s_code():
@@ -458,3 +492,32 @@ def test_a_gated_plan_waits_for_the_host_on_cuda_and_not_past_its_bound():
     torch.cuda.synchronize()
     assert sorted(blocks.slot.tolist()) == [0, 3 + 1] and int(misses) == 1
     assert time.monotonic() - start < 5.0  # bounded: ~16k polls of pinned memory
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_kept_layer_reads_its_table_at_once_where_every_expert_has_a_slot_on_cuda(kept):
+    """Gate shut, every routed expert named: a kept layer reads the table at once; one not kept
+    waits for the gate (to its bound) and reads it later, after the host has cleared an entry
+    meanwhile (then in place)."""
+    from ft.engine.experts.cache import device_view
+
+    cuda = torch.device("cuda")
+    host_table = torch.tensor([0, 1, -1], dtype=torch.int32).pin_memory()
+    host_gate, host_kept = (torch.zeros(1, dtype=torch.int32).pin_memory() for _ in "gk")
+    table, gate, kept_flag = (device_view(t, cuda) for t in (host_table, host_gate, host_kept))
+    host_kept[0] = int(kept)
+    ready = torch.tensor([0, 1, -1], dtype=torch.int32, device=cuda)
+    ids, weights = torch.tensor([[0, 1]], device=cuda), torch.rand(1, 2, device=cuda)
+    misses = torch.zeros(1, dtype=torch.long, device=cuda)
+    in_place = InPlace(3, misses, ready, 0, True, gate, kept_flag)
+    host_gate[0] = 1  # warm: the kernel compiled and loaded before the timed plan
+    plan_blocks(ids, weights, table, "triton", in_place)
+    torch.cuda.synchronize()
+    host_gate[0], misses[0] = 0, 0
+    blocks = plan_blocks(ids, weights, table, "triton", in_place)
+    time.sleep(0.005)  # a plan waiting for the gate polls it meanwhile
+    host_table[1] = -1  # the host takes expert 1's slot: a waiting plan reads it in place
+    torch.cuda.synchronize()
+    assert sorted(blocks.slot.tolist()) == ([0, 1] if kept else [0, 3 + 1])
+    assert int(misses) == (0 if kept else 1)

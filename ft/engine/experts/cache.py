@@ -28,12 +28,12 @@ behind every guess queued before it (a median 179 us, round T in docs/perf.md).
 from __future__ import annotations
 
 import itertools
-import os
 from collections import OrderedDict, deque
 from contextlib import contextmanager
 
 import torch
 
+from ft import settings
 from ft.engine.experts.store import HostExpertStore, expert_blocks
 
 _TYPESTR = {torch.int32: "<i4", torch.int64: "<i8"}
@@ -130,7 +130,7 @@ class ExpertCache:
         # a part, at each copy
         self._slot_parts = [[part[s] for part in self.bank.values()] for s in range(num_slots)]
         self._slot_block_rows = [[self._slot_blocks[s]] for s in range(num_slots)]
-        self._whole = os.environ.get("FT_EXPERT_COPY") != "parts"  # round AR's comparison
+        self._whole = settings.expert_copy() == "whole"  # round AR's comparison
         # (layer, expert) -> (whole block?, its host views to copy)
         self._expert_parts: dict[tuple[int, int], tuple[bool, list[torch.Tensor]]] = {}
         shape = (len(store.banks), store.num_experts)  # [layers, E]

@@ -54,7 +54,8 @@ class InPlace:
     On CUDA the plan waits a bounded time for a slot whose copy is still queued (`wait`), and,
     given a `gate` (device gates), first for the host to open it: the host has then queued the
     copies of the layer's misses and named their slots in the table (ft.engine.experts.
-    zero_copy). The torch path waits for neither."""
+    zero_copy), unless the layer is `kept` and the table names a slot for each of its routed
+    experts. The torch path waits for neither."""
 
     num_slots: int
     misses: torch.Tensor  # [1] int64, on the device
@@ -63,6 +64,10 @@ class InPlace:
     wait: bool = True
     # [1] int32 the device reads in pinned memory: nonzero once the host has opened the layer
     gate: torch.Tensor | None = None
+    # [1] int32 in pinned memory, with a gate: nonzero while the host keeps the layer's slots
+    # (takes none of them for the rest of the step); the plan then goes on without the gate
+    # where the table names a slot for every routed expert
+    kept: torch.Tensor | None = None
 
 
 def block_m_for(rows: int) -> int:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 import torch
+
+from ft import settings
 
 
 def stream_writer(device_index: int):
     """-> write(stream handle, device address, value) on this CUDA device, or None where the
     driver has no stream memory operations (the caller copies the value instead).
     FT_READY_MARK=copy forces None (the copy, to compare the two)."""
-    return None if os.environ.get("FT_READY_MARK") == "copy" else _driver_writer(device_index)
+    return None if settings.ready_mark() == "copy" else _driver_writer(device_index)
 
 
 @functools.cache

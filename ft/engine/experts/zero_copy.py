@@ -27,7 +27,8 @@ reading misses in place: each layer's work list first waits (on the device) for 
 gate, a pinned flag the host sets in `follow` once it has queued the copies of the layer's
 misses and named their slots in the table; the step is still one graph, with no host launch or
 sync per layer. As the GPU reads no layer whose gate is shut, the host may take the slot of any
-layer but the one it opens (least recent first, as offload's stops do): no reserve. Taking
+layer but the one it opens and the kept ones after it (below; least recent first, as offload's
+stops do): no reserve. Taking
 slots only from finished layers starved a step's first layers (round AM in docs/perf.md: 76
 misses a b1 step against 6.7). Two more rules keep the one copy engine busy without putting
 more in front of a miss (round AN: b1 3-6% and b4 ~7% ahead of host stops, where plain gates
@@ -35,6 +36,15 @@ were level): between two routings, while the host polls for the next, it queues 
 as the prefetch window frees (`top_up`), not only at each `follow`; and a layer's guesses
 replace those still held for the same layer from a farther layer's router (`replace_held`),
 so the window carries the nearer, better guesses. Gates are offload's default.
+
+Gates let the GPU pass a layer without waiting for the host where they can: the host keeps
+the slots of the `keep_ahead` layers after the one it follows (takes none of them for the rest
+of the step; `kept[layer]` says so to the device), and a kept layer whose routed experts all
+have a slot in the table goes on at once, checking their ready marks as ever. Only a layer
+with a miss waits for its gate, so the host's round trip (its poll, its bookkeeping) is paid
+at a miss rather than at every layer (round AS in docs/perf.md: the b1 step 8.3 -> 7.8 ms).
+The host then takes slots of the layers before the one it follows and of those past the kept
+ones.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from contextlib import contextmanager
 
 import torch
 
+from ft import settings
 from ft.engine.experts.cache import ExpertCache, device_view
 from ft.engine.experts.stream_write import stream_writer
 
@@ -77,11 +88,30 @@ class ZeroCopyCache(ExpertCache):
         self._opened = torch.zeros(len(store.banks), dtype=torch.int32, pin_memory=cuda)
         self.opened = device_view(self._opened, self.device) if cuda else self._opened
         self._opened_items = self._opened.numpy()
+        # device gates: [layers] int32 in pinned memory, nonzero for the layers whose slots the
+        # host keeps for the rest of the step, so the GPU passes one whose experts all have a
+        # slot without its gate; the layers kept: the `keep_ahead` after the one followed
+        # (at most a quarter of the MoE layers: the host must have slots of others to take)
+        self.keep_ahead = min(settings.keep_ahead(), len(store.moe_layers) // 4) if gates else 0
+        self._spared = range(0)  # inside follow(): the layers whose slots gates do not take
+        self._kept = torch.zeros(len(store.banks), dtype=torch.int32, pin_memory=cuda)
+        self.kept = device_view(self._kept, self.device) if cuda else self._kept
+        self._kept_items = self._kept.numpy()
 
     def begin_step(self) -> None:
-        """A decode step is about to be queued: every gate shut."""
+        """A decode step is about to be queued: every gate shut, the step's first layers kept
+        (the victims of a step not yet followed spare them already: `_victims`)."""
         self._opened_items.fill(0)
+        self._kept_items.fill(0)
         self._followed = -1
+        self._keep_after(-1)
+
+    def _keep_after(self, layer: int) -> None:
+        """Tell the device that `layer` (-1: none yet) and the `keep_ahead` layers after it are
+        kept: the host, following `layer` or a later one, takes no slot of theirs in this step
+        (`_victims`). No kept layer where keep_ahead is 0: each waits for its gate."""
+        if self.keep_ahead:
+            self._kept_items[max(layer, 0) : layer + 1 + self.keep_ahead] = 1
 
     def top_up(self) -> None:
         """Gates, between two layers' routings: queue held guesses while the prefetch window
@@ -96,9 +126,9 @@ class ZeroCopyCache(ExpertCache):
     def guess_next_token(self, guesses: list[tuple[int, list[int]]]) -> None:
         """The step is done on the device (its last kernels wrote these): queue, within the
         window, copies of the next token's guessed experts of its first layers ((layer,
-        experts) each, nearest first), taking any layer's slots, as before a step's first
-        follow."""
-        with self._following(-1):
+        experts) each, nearest first), taking any layer's slots: the GPU reads none now (the
+        next step, once queued, passes its first layers, kept, without the host)."""
+        with self._following(-1, step_done=True):
             for layer, experts in guesses:
                 self.prefetch(layer, experts, keep_layer=-1)
 
@@ -114,6 +144,7 @@ class ZeroCopyCache(ExpertCache):
         next token. Within the prefetch window, what waits is held on the host: the guesses
         first, the misses after; both are dropped once their layer is routed again."""
         with self._following(layer):
+            self._keep_after(layer)  # the victims spare them from here on (`_victims`)
             self._drop_held(layer)
             missing = []
             for expert in experts:
@@ -138,10 +169,13 @@ class ZeroCopyCache(ExpertCache):
             self._feed(keep_layer=layer)
 
     @contextmanager
-    def _following(self, layer: int):
+    def _following(self, layer: int, step_done: bool = False):
         """Inside: slots are taken as following `layer` allows (`_victims`); `layer` is the last
         one followed in this step (-1: none, or the step is done on the device)."""
         self._finished = self._followed = layer
+        # gates: the layers the GPU may be in, reading slots without waiting for the host: the
+        # one being opened and the kept ones after it; none once the step is done
+        self._spared = range(0) if step_done else range(layer, layer + 1 + self.keep_ahead)
         try:
             yield
         finally:
@@ -186,9 +220,10 @@ class ZeroCopyCache(ExpertCache):
 
     def _victims(self):
         """Cached keys whose slots following may take, least recent first: of the layers the
-        GPU has finished in this step; with gates, of any layer but the one being opened."""
-        if self.gates:  # the GPU reads no layer before its gate opens: any but the open one
-            return (key for key in self._slot_of if key[0] != self._finished)
+        GPU has finished in this step; with gates, of any layer but the one being opened and
+        the kept ones after it (the GPU reads no other layer before its gate opens)."""
+        if self.gates:
+            return (key for key in self._slot_of if key[0] not in self._spared)
         return (key for key in self._slot_of if key[0] < self._finished)
 
     def _evictable(self, keep_layer: int, want: int) -> int:

@@ -9,7 +9,8 @@ pinned memory: ft.engine.graphs), keeping the cache warm for later layers and to
 - gates: each layer's work list first waits on the device for the layer's gate, which the host
   opens once it has queued the copies of the layer's misses; the kernels then wait for those
   copies' ready marks. The GPU waits where offload's stop would, without a sync and a launch
-  per layer.
+  per layer, and only where a routed expert has no slot: a layer whose slots the host keeps
+  (the few after the one it follows) goes on at once where the table names them all.
 Offload's host stop, by contrast, holds the GPU at every MoE layer until the host has read its
 ids, fetched its misses and launched the next stretch.
 
@@ -70,9 +71,11 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         table = cache.slot_table[layer]  # [E] expert -> slot, -1: none (read in place)
         # a captured step (the one the host follows) waits at each layer's gate for the host
         captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        gate = cache.opened[layer : layer + 1] if self.gates and captured else None
+        gated = self.gates and captured
+        gate = cache.opened[layer : layer + 1] if gated else None
+        kept = cache.kept[layer : layer + 1] if gated else None  # passed where nothing misses
         code = cache.code(layer, 0)
-        in_place = InPlace(cache.num_slots, self._in_place, cache.ready, code, gate=gate)
+        in_place = InPlace(cache.num_slots, self._in_place, cache.ready, code, gate=gate, kept=kept)
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
         return self.run_blocks(x, cache.bank, blocks, self.store.banks[layer], dtype)
 
