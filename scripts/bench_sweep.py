@@ -2,7 +2,7 @@
 experts: runs of the same setting in separate processes differed by up to 25% at batch 1 on the
 H200 box (round P), so settings are compared within one process, each run several times.
 
-    python scripts/bench_sweep.py --model DIR [--strategy offload,hybrid] [--depths 2,3]
+    python scripts/bench_sweep.py --model DIR [--strategy offload,hybrid] [--depths auto,2,3]
         [--batch 1,4] [--variants "NAME:VAR=VALUE,...;..."] [--repeats 3] [--tokens 32] [--warmup 4]
         [--cache-rate 0.15] [--profile FILE] [--trace DIR]
 
@@ -81,7 +81,7 @@ def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
     if "GATES" in env:
         settings["moe_gates"] = env.pop("GATES") == "1"
     if "DEPTH" in env:
-        settings["moe_prefetch_depth"] = int(env.pop("DEPTH"))
+        settings["moe_prefetch_depth"] = env.pop("DEPTH")  # a number or auto
     if "RATE" in env:
         settings["moe_cache_rate"] = float(env.pop("RATE"))
     return env, settings
@@ -139,7 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--strategy", default="offload", help="one or several, comma-separated")
-    ap.add_argument("--depths", default="2")
+    ap.add_argument("--depths", default="auto", help="numbers or auto, comma-separated")
     ap.add_argument("--batch", default="1")
     ap.add_argument("--variants", default="default:")
     ap.add_argument("--repeats", type=int, default=3)
@@ -164,7 +164,7 @@ def main() -> None:
     bw = bandwidths(base.device, decode._profile_data(cfg.profile), quick=base.device == "cpu")
     variants = [variant(text) for text in args.variants.split(";") if text.strip()]
     for repeat, strategy, depth, (name, env) in itertools.product(
-        range(args.repeats), cfg.strategies, ints(args.depths), variants
+        range(args.repeats), cfg.strategies, args.depths.split(","), variants
     ):
         env, settings = engine_vars(env)
         strategy = settings.pop("strategy", strategy)

@@ -57,7 +57,7 @@ class DecodeBenchConfig:
     max_fetch: str = "auto"  # hybrid's --moe-hybrid-max-fetch
     cpu_moe_threads: int | None = None  # hybrid's pool size
     moe_prefetch: bool = True  # offload, hybrid, graphed: prefetch the next layers' guesses
-    moe_prefetch_depth: int = 2  # how many layers ahead
+    moe_prefetch_depth: int | str = "auto"  # how many layers ahead ("auto": by batch size)
     moe_prefetch_window: int | None = None  # None: the strategy's default
     pin_engine_thread: bool = False  # pin the stepping thread (--pin-engine-thread)
     moe_zero_copy: bool | None = None  # offload's --moe-zero-copy (the other strategies: unset)
@@ -75,7 +75,8 @@ class DecodeBenchConfig:
             raise FtError("--tokens and the prompt length must be >= 1, --warmup >= 0")
         if self.peer is not None and self.peer not in PEERS:
             raise FtError(f"--peer {self.peer!r}: known peers are {', '.join(PEERS)}")
-        check_prefetch_depth(self.moe_prefetch_depth, "--moe-prefetch-depth")
+        depth = check_prefetch_depth(self.moe_prefetch_depth, "--moe-prefetch-depth")
+        object.__setattr__(self, "moe_prefetch_depth", depth)
 
     @property
     def total_steps(self) -> int:

@@ -80,12 +80,13 @@ class EngineFlags:
         ),
     ] = True
     moe_prefetch_depth: Annotated[
-        int,
+        str,
         typer.Option(
             "--moe-prefetch-depth",
-            help="How many MoE layers ahead --moe-prefetch guesses and fetches (1-4).",
+            help="How many MoE layers ahead --moe-prefetch guesses and fetches (1-4), or auto: "
+            "3 at batch 1 and 2 above with device gates (offload's default), 2 otherwise.",
         ),
-    ] = 2
+    ] = "auto"
     moe_prefetch_window: Annotated[
         int | None,
         typer.Option(

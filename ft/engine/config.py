@@ -15,6 +15,10 @@ STRATEGIES = ("resident", "offload", "hybrid", "auto")  # auto resolves to one o
 DTYPES = ("bfloat16", "float16", "float32")
 EXPERT_FORMATS = ("bf16", "int8", "fp8_block", "nvfp4")  # ft.engine.formats.FORMATS, torch-free
 MAX_PREFETCH_DEPTH = 4  # router guesses lose accuracy with distance; more buys nothing
+# --moe-prefetch-depth auto, as (at batch 1, at larger batches). Device gates at batch 1 leave
+# the link time for a third layer's guesses: +1.4% at b1, -1.4% at b4 (round AU in docs/perf.md);
+# host stops and hybrid stay at 2 (depth 3 was slower there, rounds L to Q)
+AUTO_PREFETCH_DEPTH = {"gates": (3, 2), "stops": (2, 2)}
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,8 @@ class EngineConfig:
     cpu_moe_threads: int | None = None  # None: physical cores - 1
     cpu_moe_inline: bool = False  # fault injection: CPU expert work on the engine thread
     moe_prefetch: bool = True  # offload, hybrid, graphed decode: prefetch guessed misses
-    moe_prefetch_depth: int = 2  # how many layers ahead a stop prefetches guesses for
+    # how many layers ahead a stop (or device gates) prefetches guesses for; "auto": by batch
+    moe_prefetch_depth: int | str = "auto"
     moe_prefetch_window: int | None = None  # guesses queued for copy at once; None: the strategy's
     pin_engine_thread: bool = False  # pin the stepping thread to a core the CPU pool leaves
     moe_zero_copy: bool | None = None  # offload: misses read in place; None: the default
@@ -223,7 +228,8 @@ class EngineConfig:
             raise FtError(f"gpu_memory_limit must be positive GiB, got {self.gpu_memory_limit}")
         if self.memory_margin_gib < 0:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
-        check_prefetch_depth(self.moe_prefetch_depth)
+        depth = check_prefetch_depth(self.moe_prefetch_depth)
+        object.__setattr__(self, "moe_prefetch_depth", depth)
         for flag, on in (("--moe-zero-copy", self.moe_zero_copy), ("--moe-gates", self.moe_gates)):
             if on and self.moe_strategy != "offload":
                 raise FtError(
@@ -266,9 +272,14 @@ class EngineConfig:
             )
 
     @property
-    def prefetch_depth(self) -> int:
-        """Layers ahead that offload's and hybrid's stops prefetch guesses for: 0 is off."""
-        return self.moe_prefetch_depth if self.moe_prefetch else 0
+    def prefetch_depths(self) -> tuple[int, int]:
+        """(at batch 1, at larger batches): the MoE layers ahead whose guessed experts offload's
+        and hybrid's stops, or device gates, prefetch; (0, 0): off. "auto": AUTO_PREFETCH_DEPTH."""
+        if not self.moe_prefetch:
+            return (0, 0)
+        if self.moe_prefetch_depth == "auto":
+            return AUTO_PREFETCH_DEPTH["gates" if self.gates else "stops"]
+        return (self.moe_prefetch_depth, self.moe_prefetch_depth)
 
     @property
     def prefetch_window(self) -> int:
@@ -310,10 +321,16 @@ class EngineConfig:
         return ", ".join(shown)
 
 
-def check_prefetch_depth(depth: int, name: str = "moe_prefetch_depth") -> None:
-    """FtError unless `depth` (layers a stop guesses ahead) is 1..MAX_PREFETCH_DEPTH."""
-    if not 1 <= depth <= MAX_PREFETCH_DEPTH:
-        raise FtError(f"{name} must be 1..{MAX_PREFETCH_DEPTH}, got {depth}")
+def check_prefetch_depth(depth: int | str, name: str = "moe_prefetch_depth") -> int | str:
+    """-> "auto" or the depth as an int (layers a stop guesses ahead; a command line's text
+    taken as one); FtError unless it is 1..MAX_PREFETCH_DEPTH or auto."""
+    if isinstance(depth, str) and depth.strip().lower() == "auto":
+        return "auto"
+    if isinstance(depth, str) and depth.strip().isdigit():
+        depth = int(depth)
+    if not isinstance(depth, int) or not 1 <= depth <= MAX_PREFETCH_DEPTH:
+        raise FtError(f"{name} must be 1..{MAX_PREFETCH_DEPTH} or auto, got {depth!r}")
+    return depth
 
 
 def _checkpoint_format(model: str) -> str | None:

@@ -14,10 +14,11 @@ At each cut the host reads the router's ids (one sync), and the strategy's `prep
 misses (copies on the cache's stream) and writes their slots in the cache's slot table, which the
 next stretch's `compute` reads in place (`run_step`); hybrid's stop also runs the CPU's share of the
 layer and leaves its result in a device buffer that `compute` adds. Where the strategy prefetches,
-the stretch also runs the routers of the next `prefetch_depth` cuts on this cut's input, and once
+the stretch also runs the routers of the next `depth_at(B)` cuts on this cut's input, and once
 the next stretch is launched, `prefetch` starts copying those guesses' misses, nearest cut first, so
 they cross PCIe while the stretches before them compute. A depth of 2 keeps the copies a layer
-ahead: with 1, a layer that needs more copies than its neighbours holds the compute up.
+ahead: with 1, a layer that needs more copies than its neighbours holds the compute up; device
+gates take 3 at batch 1 (`--moe-prefetch-depth auto`, the graphs captured per batch size).
 A stretch's last kernels write what the host and the next stretch read, with no copy after them:
 the norm after attention writes h and x, and one GEMM over the cut's and the guessed cuts'
 routers (consecutive rows of MoeModel.routers) and one top-k write the ids, guesses and weights
@@ -171,7 +172,7 @@ def guess_next_token(model, cuts: list[int], logits, dst: Handoff, rows) -> None
     b, first = logits.shape[0], model.layers[cuts[0]]
     embedded = F.embedding(logits.argmax(dim=-1), model.embed)
     x = rms_norm(embedded, first.w["ln2"], model.cfg.rms_norm_eps)
-    router = model.routers_of(0, len(next_token_cuts(cuts, first.moe.prefetch_depth)))
+    router = model.routers_of(0, len(next_token_cuts(cuts, first.moe.depth_at(b))))
     route(model.cfg, router, x, first.kernel, out=(dst.stop[:b], dst.weights[:b]), mirror=rows)
 
 
@@ -204,7 +205,7 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     layer = model.layers[last]
     h, x = layer.attend(h, delta, batch, out=(dst.h[:b], dst.x[:b]))
     # the cut's routing and the next cuts' guesses from the same x: one GEMM, one top-k
-    ahead = guessed_cuts(cuts, k, layer.moe.prefetch_depth)
+    ahead = guessed_cuts(cuts, k, layer.moe.depth_at(b))
     router = model.routers_of(k, 1 + len(ahead))
     # zero-copy decode (`stop`): the top-k also writes the ids and guesses where the host polls
     route(model.cfg, router, x, layer.kernel, out=(dst.stop[:b], dst.weights[:b]), mirror=stop)
@@ -235,10 +236,10 @@ def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
     """The host's part at cut k before the next stretch, given the Handoff rows the stretch
     before it wrote -> the prefetches to start once the next stretch is queued, nearest cut
     first: (layer, ids [B][K], keep_layer) each."""
-    rows = handoff.stop.tolist()  # [B][(1 + depth) K]: the cut's one host sync
+    rows = handoff.stop.tolist()  # [B][(1 + deepest depth) K]: the cut's one host sync
     top_k = len(rows[0]) // (1 + strategy.prefetch_depth)
     strategy.prepare(cuts[k], columns(rows, 0, top_k), handoff.x, handoff.weights)
-    ahead = guessed_cuts(cuts, k, strategy.prefetch_depth)
+    ahead = guessed_cuts(cuts, k, strategy.depth_at(len(rows)))
     return [(cut, columns(rows, j + 1, top_k), cuts[k]) for j, cut in enumerate(ahead)]
 
 
@@ -251,9 +252,9 @@ def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> to
     A guess for a cut the GPU has routed already is dropped: it comes too late to help."""
     strategy.begin_step()
     out = launch()
-    top_k = rows.width // (1 + strategy.prefetch_depth)
+    top_k, depth = rows.width // (1 + strategy.prefetch_depth), strategy.depth_at(b)
     for k, cut in enumerate(cuts):
-        ahead = guessed_cuts(cuts, k, strategy.prefetch_depth)
+        ahead = guessed_cuts(cuts, k, depth)
         # [B][(1 + guessed cuts) K]; meanwhile the strategy keeps the copy engine fed (gates)
         got = rows.wait(k, b, (1 + len(ahead)) * top_k, strategy.top_up)
         guesses = [
@@ -263,7 +264,7 @@ def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> to
         ]
         strategy.follow(cut, columns(got, 0, top_k), guesses)
     if strategy.guesses_next_token:  # the step's last rows: the next token's first cuts
-        ahead = next_token_cuts(cuts, strategy.prefetch_depth)
+        ahead = next_token_cuts(cuts, depth)
         got = rows.wait(len(cuts), b, len(ahead) * top_k, strategy.top_up)
         strategy.guess_next_token([(cut, columns(got, j, top_k)) for j, cut in enumerate(ahead)])
     return out

@@ -139,11 +139,14 @@ class LLMEngine:
             how += "layer and never stops the GPU)"
         log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}{how}")
         if self.strategy.prefetch_depth:  # only the graphed stops prefetch
-            depth, window = self.strategy.prefetch_depth, self.strategy.cache.window
+            single, batched = self.strategy.prefetch_depths
+            window, flag = self.strategy.cache.window, self.config.moe_prefetch_depth
+            ahead = f"{single} layers ahead"
+            ahead += "" if single == batched else f" at batch 1, {batched} above"
             queued = f"at most {window} queued" if window else "all queued"
             log.info(
-                f"MoE prefetch: guesses {depth} layers ahead, {queued} for copy at once "
-                f"(--moe-prefetch-depth {depth}, --moe-prefetch-window {window})"
+                f"MoE prefetch: guesses {ahead}, {queued} for copy at once "
+                f"(--moe-prefetch-depth {flag}, --moe-prefetch-window {window})"
             )
         return graphs
 

@@ -26,6 +26,7 @@ from ft.errors import FtError
         (dict(max_num_seqs=0), "max_num_seqs"),
         (dict(moe_strategy="offload", moe_prefetch_depth=0), "moe_prefetch_depth must be 1..4"),
         (dict(moe_strategy="offload", moe_prefetch_depth=5), "moe_prefetch_depth must be 1..4"),
+        (dict(moe_strategy="offload", moe_prefetch_depth="deep"), "1..4 or auto, got 'deep'"),
         (dict(moe_strategy="offload", moe_prefetch_window=-1), "moe_prefetch_window must be 0"),
     ],
 )
@@ -37,11 +38,27 @@ def test_engine_config_rejects(kwargs, message):
 def test_engine_config_defaults_resolve():
     config = EngineConfig(model="m", device="cpu")
     assert config.dtype == "float32" and config.moe_strategy == "resident"
-    assert config.prefetch_depth == 2  # offload's and hybrid's stops guess two layers ahead
-    assert EngineConfig(model="m", device="cpu", moe_prefetch=False).prefetch_depth == 0
+    assert config.moe_prefetch_depth == "auto"
+    assert EngineConfig(model="m", device="cpu", moe_prefetch=False).prefetch_depths == (0, 0)
     assert config.describe().startswith(
         "moe_strategy='resident', expert_format='bf16', device='cpu'"
     )
+
+
+@pytest.mark.parametrize(
+    "settings, depths",
+    [
+        (dict(moe_strategy="offload"), (3, 2)),  # device gates: 3 at batch 1 (round AU)
+        (dict(moe_strategy="offload", moe_gates=False), (2, 2)),  # host stops
+        (dict(moe_strategy="offload", moe_zero_copy=True), (2, 2)),
+        (dict(moe_strategy="hybrid"), (2, 2)),
+        (dict(moe_strategy="offload", moe_prefetch_depth="3"), (3, 3)),  # as the CLI gives it
+        (dict(moe_strategy="offload", moe_prefetch_depth=1), (1, 1)),
+        (dict(moe_strategy="offload", moe_prefetch=False), (0, 0)),
+    ],
+)
+def test_prefetch_depth_auto_is_three_at_batch_1_with_device_gates_else_two(settings, depths):
+    assert EngineConfig(model="m", device="cpu", **settings).prefetch_depths == depths
 
 
 BASE = dict(

@@ -91,6 +91,9 @@ class RecordingStrategy:
     def __init__(self):
         self.calls = []
 
+    def depth_at(self, batch):
+        return self.prefetch_depth
+
     def prepare(self, layer, topk_ids, x, topk_weights):
         self.calls.append(("prepare", layer, topk_ids))
 

@@ -316,7 +316,7 @@ def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_ti
     model, strategy = zero_copy.model, zero_copy.strategy
     batch = decode_batch(zero_copy)
     cuts = cut_layers(model, strategy)
-    assert cuts == zero_copy.model_config.moe_layers and strategy.prefetch_depth == 2
+    assert cuts == zero_copy.model_config.moe_layers and strategy.depth_at(3) == 2
     followed = []
     real_follow = strategy.follow
     strategy.follow = lambda *a: followed.append(a) or real_follow(*a)
@@ -326,7 +326,8 @@ def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_ti
         width = (1 + strategy.prefetch_depth) * model.cfg.top_k
         # gates: one row more, the next token's guesses (zero-copy reads its misses in place)
         rows = StopRows(len(cuts) + strategy.guesses_next_token, 4, width, "cpu")
-        buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu", 2) for _ in range(2)]
+        depth = strategy.prefetch_depth  # the deepest any batch size takes (gates: 3 at b1)
+        buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu", depth) for _ in "ab"]
         inputs = (batch.token_ids, batch.positions, batch.slots, 64)
         device = LazyDevice(model, cuts, buffers, inputs, rows, ahead)
         followed.clear()
@@ -358,7 +359,9 @@ def test_the_step_s_end_guesses_the_next_token_s_first_cuts_for_the_host(synth_t
     strategy.guess_next_token = lambda g: handed.append(g) or real_guess(g)
     width = (1 + strategy.prefetch_depth) * cfg.top_k
     rows = StopRows(len(cuts) + 1, 4, width, "cpu")  # one row more: the next token's
-    buffers = [Handoff.allocate(4, cfg, model.embed.dtype, "cpu", 2) for _ in range(2)]
+    buffers = [
+        Handoff.allocate(4, cfg, model.embed.dtype, "cpu", strategy.prefetch_depth) for _ in "ab"
+    ]
     inputs = (batch.token_ids, batch.positions, batch.slots, 64)
     device = LazyDevice(model, cuts, buffers, inputs, rows)
     prefetched = strategy.cache.prefetched
@@ -368,13 +371,54 @@ def test_the_step_s_end_guesses_the_next_token_s_first_cuts_for_the_host(synth_t
     # what the host was handed: each first cut's router on the argmax token's normed embedding
     x = F.embedding(expected.argmax(dim=-1), model.embed)
     x = rms_norm(x, model.layers[cuts[0]].w["ln2"], cfg.rms_norm_eps)
-    ahead = cuts[: 1 + strategy.prefetch_depth]
+    ahead = cuts[: 1 + strategy.depth_at(3)]
     assert [cut for cut, _ in handed[0]] == ahead and len(handed) == 1
     for j, (cut, ids) in enumerate(handed[0]):
         want, _ = route(cfg, model.routers_of(j, 1), x)
         assert ids == want.tolist(), cut
     assert strategy.cache.prefetched > prefetched  # copies queued for them, within the window
     assert (rows.host < 0).all()  # the extra row read and reset too
+
+
+@pytest.fixture(scope="module")
+def synth_six(tmp_path_factory):
+    """The tiny preset with six layers: room for guesses three cuts ahead."""
+    from ft.engine.synth import synth_checkpoint
+
+    out = tmp_path_factory.mktemp("synth6") / "tiny6"
+    synth_checkpoint("tiny", out, layers=6, dtype="float32", seed=1)
+    return out
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_device_gates_guess_three_cuts_ahead_at_batch_1_and_two_above(synth_six, b):
+    """--moe-prefetch-depth auto (round AU in docs/perf.md): the step's stretches route the
+    next 3 cuts at batch 1, 2 above, and the step's end the next token's first 1 + depth."""
+    gated = engine(synth_six, moe_strategy="offload", moe_cache_size=24, moe_gates=True)
+    model, strategy = gated.model, gated.strategy
+    for prompt in PROMPTS[:b]:
+        gated.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+    gated.step()  # prefill
+    batch = gated._batch(gated.scheduler.schedule()[0], is_prefill=False)
+    cuts, depth = cut_layers(model, strategy), strategy.depth_at(b)
+    assert len(cuts) == 6 and strategy.prefetch_depths == (3, 2) and depth == (3 if b == 1 else 2)
+    followed, handed = [], []
+    real_follow, real_guess = strategy.follow, strategy.guess_next_token
+    strategy.follow = lambda *a: followed.append(a) or real_follow(*a)
+    strategy.guess_next_token = lambda g: handed.append(g) or real_guess(g)
+    width = (1 + strategy.prefetch_depth) * model.cfg.top_k  # room for the deepest
+    rows = StopRows(len(cuts) + 1, 4, width, "cpu")
+    dtype = model.embed.dtype
+    buffers = [Handoff.allocate(4, model.cfg, dtype, "cpu", strategy.prefetch_depth) for _ in "ab"]
+    device = LazyDevice(
+        model, cuts, buffers, (batch.token_ids, batch.positions, batch.slots, 64), rows
+    )
+    follow_step(strategy, cuts, device, b, device.launch)
+    guessed = [[later for later, _ in f[2]] for f in followed]
+    assert guessed == [cuts[k + 1 : k + 1 + depth] for k in range(len(cuts))]
+    assert [cut for cut, _ in handed[0]] == cuts[: 1 + depth]
+    torch.testing.assert_close(device.out, model.forward(batch), rtol=1e-5, atol=1e-5)
+    assert (rows.host < 0).all()
 
 
 def test_stop_rows_are_waited_for_read_once_and_time_out(monkeypatch):

@@ -33,11 +33,11 @@ def build_strategy(
             from ft.engine.strategies.zero_copy import ZeroCopyOffloadStrategy
 
             return ZeroCopyOffloadStrategy(
-                store, config.device, cache_size, config.prefetch_depth, config.prefetch_window,
+                store, config.device, cache_size, config.prefetch_depths, config.prefetch_window,
                 gates=config.gates,
             )  # fmt: skip
         return OffloadStrategy(
-            store, config.device, cache_size, config.prefetch_depth, config.prefetch_window
+            store, config.device, cache_size, config.prefetch_depths, config.prefetch_window
         )
     if config.moe_strategy == "hybrid":
         from ft.engine.strategies.hybrid import build_hybrid

@@ -55,6 +55,11 @@ class MoeStrategy:
 
     prefetch_depth = 0  # host_stop strategies: how many later cuts a stop prefetches guesses of
 
+    def depth_at(self, batch: int) -> int:
+        """The prefetch depth of a decode step of `batch` sequences (<= prefetch_depth, the
+        deepest any batch size uses)."""
+        return self.prefetch_depth
+
     def prepare(self, layer: int, topk_ids: list[list[int]], x, topk_weights) -> None:
         """host_stop strategies: make this layer's experts ready for `compute` (host side),
         given the router's ids on the host; x [T, D] and topk_weights [T, K] on the device."""

@@ -72,7 +72,7 @@ class HybridStrategy(OffloadStrategy):
         max_fetch: float,
         cpu_max_tokens: int = CPU_MAX_TOKENS,
         torch_threads_before: int | None = None,  # restored on close()
-        prefetch_depth: int = 2,
+        prefetch_depth: int | tuple[int, int] = 2,
         prefetch_window: int = 0,
     ):
         super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
@@ -199,5 +199,5 @@ def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float) -
     )  # fmt: skip
     return HybridStrategy(
         store, config.device, cache_size, pool, max_fetch, torch_threads_before=before,
-        prefetch_depth=config.prefetch_depth, prefetch_window=config.prefetch_window,
+        prefetch_depth=config.prefetch_depths, prefetch_window=config.prefetch_window,
     )  # fmt: skip

@@ -25,12 +25,19 @@ class OffloadStrategy(MoeStrategy):
     cache_type = ExpertCache
 
     def __init__(
-        self, store, device, num_slots: int, prefetch_depth: int = 2, prefetch_window: int = 0
-    ):
+        self, store, device, num_slots: int, prefetch_depth: int | tuple[int, int] = 2,
+        prefetch_window: int = 0,
+    ):  # fmt: skip
         super().__init__(store, device)
         self.cache = self.cache_type(store, num_slots, device, prefetch_window)
-        # at a stop, also fetch what the next layers' routers guess from this layer's input
-        self.prefetch_depth = prefetch_depth
+        # at a stop, also fetch what the next layers' routers guess from this layer's input:
+        # (at batch 1, at larger batches) layers ahead, or one depth for both
+        depths = prefetch_depth if isinstance(prefetch_depth, tuple) else (prefetch_depth,) * 2
+        self.prefetch_depths = depths
+        self.prefetch_depth = max(depths)  # what the decode graphs' buffers hold room for
+
+    def depth_at(self, batch: int) -> int:
+        return self.prefetch_depths[0 if batch == 1 else 1]
 
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         if not self.decode_fits(topk_ids.numel()):

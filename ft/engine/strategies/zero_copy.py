@@ -38,8 +38,8 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
     cache_type = ZeroCopyCache
 
     def __init__(
-        self, store, device, num_slots: int, prefetch_depth: int = 2, prefetch_window: int = 0,
-        gates: bool = False,
+        self, store, device, num_slots: int, prefetch_depth: int | tuple[int, int] = 2,
+        prefetch_window: int = 0, gates: bool = False,
     ):  # fmt: skip
         self.cache_type = partial(ZeroCopyCache, gates=gates)  # what OffloadStrategy builds
         super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
