@@ -8,18 +8,17 @@
 # what --moe-gates does, the last was removed.)
 set -u
 source scripts/gpu_env.sh
-S="python3 scripts/bench_sweep.py --model /tmp/q30 --strategy offload --tokens 32 --warmup 4 --cache-rate 0.15 $P"
 {
 date -u
 python3 scripts/probe_copy_engines.py | tee $OUT/an3_copy_engines.json
 timeout 90 python3 -m pytest -q -m gpu tests/engine/test_zero_copy.py tests/engine/test_graphs.py 2>&1 | tail -3
 [ -f /tmp/q30/config.json ] || { rm -rf /tmp/q30; synth_q30; }
 date -u
-timeout $((300 - SECONDS)) $S --batch 1 --repeats 2 --by-layer \
+timeout $((300 - SECONDS)) $OFFLOAD_SWEEP --batch 1 --repeats 2 --by-layer \
   --variants "stop:GATES=0;gates:GATES=1;late16:GATES=1,FT_EVICT_LATE=16;late64:GATES=1,FT_EVICT_LATE=64" \
   2>$OUT/an3_b1.err | tee $OUT/an3_b1.jsonl
 date -u
-timeout $((400 - SECONDS)) $S --batch 4 --repeats 2 \
+timeout $((400 - SECONDS)) $OFFLOAD_SWEEP --batch 4 --repeats 2 \
   --variants "gates:GATES=1;late64:GATES=1,FT_EVICT_LATE=64" 2>$OUT/an3_b4.err | tee $OUT/an3_b4.jsonl
 date -u
 timeout $((560 - SECONDS)) python3 -m ft bench decode --model /tmp/q30 --strategies offload --moe-gates \

@@ -9,17 +9,16 @@
 # gates + the guess, per-layer copies, b1 and b4, and the GPU tests with the switch on.
 set -u
 source scripts/gpu_env.sh
-S="python3 scripts/bench_sweep.py --model /tmp/q30 --strategy offload --tokens 32 --warmup 4 --cache-rate 0.15 $P"
 {
 date -u
 timeout 120 python3 -m pytest -q -m gpu tests/engine/test_zero_copy.py tests/engine/test_graphs.py 2>&1 | tail -3
 [ -f /tmp/q30/config.json ] || { rm -rf /tmp/q30; synth_q30; }
 date -u
-timeout $((360 - SECONDS)) $S --batch 1 --repeats 3 --by-layer \
+timeout $((360 - SECONDS)) $OFFLOAD_SWEEP --batch 1 --repeats 3 --by-layer \
   --variants "stop:GATES=0;gates:;next:FT_GUESS_NEXT_TOKEN=1;next_d3:FT_GUESS_NEXT_TOKEN=1,DEPTH=3" \
   2>$OUT/ao_b1.err | tee $OUT/ao_b1.jsonl
 date -u
-timeout $((480 - SECONDS)) $S --batch 4 --repeats 2 \
+timeout $((480 - SECONDS)) $OFFLOAD_SWEEP --batch 4 --repeats 2 \
   --variants "gates:;next:FT_GUESS_NEXT_TOKEN=1" 2>$OUT/ao_b4.err | tee $OUT/ao_b4.jsonl
 date -u
 } 2>&1 | tee $OUT/round_ao.log

@@ -5,18 +5,15 @@
 # decode` for the record (b1, b4), then gates against host stops in one process.
 set -u
 source scripts/gpu_env.sh
-S="python3 scripts/bench_sweep.py --model /tmp/q30 --strategy offload --tokens 32 --warmup 4 --cache-rate 0.15 $P"
 {
 date -u
 python3 scripts/probe_copy_engines.py --queued 12 | tee $OUT/ap_copy_engines.json
 timeout 180 python3 -m pytest -q -m gpu tests/engine 2>&1 | tail -3
 [ -f /tmp/q30/config.json ] || { rm -rf /tmp/q30; synth_q30; }
 date -u
-timeout $((420 - SECONDS)) python3 -m ft bench decode --model /tmp/q30 --strategies offload \
-  --moe-cache-rate 0.15 --batch 1,4 --tokens 32 --warmup 4 $P --json > $OUT/ap_bench.json 2>$OUT/ap_bench.err
-show $OUT/ap_bench.json
+record_offload ap_bench 420
 date -u
-timeout $((560 - SECONDS)) $S --batch 1 --repeats 3 --variants "stop:GATES=0;gates:" \
+timeout $((560 - SECONDS)) $OFFLOAD_SWEEP --batch 1 --repeats 3 --variants "stop:GATES=0;gates:" \
   2>$OUT/ap_b1.err | tee $OUT/ap_b1.jsonl
 date -u
 } 2>&1 | tee $OUT/round_ap.log

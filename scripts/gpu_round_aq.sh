@@ -6,21 +6,18 @@
 # against copied marks (FT_READY_MARK=copy) in one process, b1 and b4.
 set -u
 source scripts/gpu_env.sh
-S="python3 scripts/bench_sweep.py --model /tmp/q30 --strategy offload --tokens 32 --warmup 4 --cache-rate 0.15 $P"
 {
 date -u
 python3 scripts/probe_copy_engines.py --queued 12 | tee $OUT/aq_copy_engines.json
 timeout 100 python3 -m pytest -q -m gpu tests/engine/test_zero_copy.py tests/engine/test_graphs.py -rs 2>&1 | tail -4
 [ -f /tmp/q30/config.json ] || { rm -rf /tmp/q30; synth_q30; }
 date -u
-timeout $((330 - SECONDS)) python3 -m ft bench decode --model /tmp/q30 --strategies offload \
-  --moe-cache-rate 0.15 --batch 1,4 --tokens 32 --warmup 4 $P --json > $OUT/aq_bench.json 2>$OUT/aq_bench.err
-show $OUT/aq_bench.json
+record_offload aq_bench 330
 date -u
-timeout $((450 - SECONDS)) $S --batch 1 --repeats 2 --variants "copied:FT_READY_MARK=copy;written:" \
+timeout $((450 - SECONDS)) $OFFLOAD_SWEEP --batch 1 --repeats 2 --variants "copied:FT_READY_MARK=copy;written:" \
   2>$OUT/aq_b1.err | tee $OUT/aq_b1.jsonl
 date -u
-timeout $((540 - SECONDS)) $S --batch 4 --repeats 1 --variants "copied:FT_READY_MARK=copy;written:" \
+timeout $((540 - SECONDS)) $OFFLOAD_SWEEP --batch 4 --repeats 1 --variants "copied:FT_READY_MARK=copy;written:" \
   2>$OUT/aq_b4.err | tee $OUT/aq_b4.jsonl
 date -u
 } 2>&1 | tee $OUT/round_aq.log

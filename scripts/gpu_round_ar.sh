@@ -7,14 +7,13 @@
 # session's last device minutes).
 set -u
 source scripts/gpu_env.sh
-S="python3 scripts/bench_sweep.py --model /tmp/q30 --strategy offload --tokens 32 --warmup 4 --cache-rate 0.15 $P"
 {
 date -u
 timeout 80 python3 -m pytest -q -m gpu tests/engine/test_zero_copy.py tests/engine/test_grouped_gpu.py \
   tests/engine/test_expert_cache.py tests/engine/test_gpu.py tests/engine/test_graphs.py 2>&1 | tail -3
 [ -f /tmp/q30/config.json ] || { rm -rf /tmp/q30; synth_q30; }
 date -u
-timeout $((290 - SECONDS)) $S --batch 1 --repeats 2 --variants "parts:FT_EXPERT_COPY=parts;block:" \
+timeout $((290 - SECONDS)) $OFFLOAD_SWEEP --batch 1 --repeats 2 --variants "parts:FT_EXPERT_COPY=parts;block:" \
   2>$OUT/ar_b1.err | tee $OUT/ar_b1.jsonl
 date -u
 } 2>&1 | tee $OUT/round_ar.log

@@ -1,19 +1,16 @@
 #!/usr/bin/env bash
-# GPU round AT: kept layers as offload's default (round AS: b1 +3.5%, b4 +1.4% in one process):
+# GPU round AT: kept layers as offload's default (round AS: b1 +3.4%, b4 +1.4% in one process):
 # `ft bench decode` for the record (b1, b4), then more kept layers (8) and a deeper guess
 # (depth 3, now that the layers without a miss no longer wait for the host) in one process.
 set -u
 source scripts/gpu_env.sh
-S="python3 scripts/bench_sweep.py --model /tmp/q30 --strategy offload --tokens 32 --warmup 4 --cache-rate 0.15 $P"
 {
 date -u
 [ -f /tmp/q30/config.json ] || { rm -rf /tmp/q30; synth_q30; }
 date -u
-timeout $((300 - SECONDS)) python3 -m ft bench decode --model /tmp/q30 --strategies offload \
-  --moe-cache-rate 0.15 --batch 1,4 --tokens 32 --warmup 4 $P --json > $OUT/at_bench.json 2>$OUT/at_bench.err
-show $OUT/at_bench.json
+record_offload at_bench 300
 date -u
-timeout $((540 - SECONDS)) $S --batch 1 --repeats 2 \
+timeout $((540 - SECONDS)) $OFFLOAD_SWEEP --batch 1 --repeats 2 \
   --variants "keep4:;keep8:FT_KEEP_AHEAD=8;keep4d3:DEPTH=3" 2>$OUT/at_b1.err | tee $OUT/at_b1.jsonl
 date -u
 } 2>&1 | tee $OUT/round_at.log

@@ -10,9 +10,7 @@ timeout 120 python3 -m pytest -q -m gpu tests/engine/test_zero_copy.py tests/eng
   tests/engine/test_gpu.py -rs 2>&1 | tail -3
 [ -f /tmp/q30/config.json ] || { rm -rf /tmp/q30; synth_q30; }
 date -u
-timeout $((430 - SECONDS)) python3 -m ft bench decode --model /tmp/q30 --strategies offload \
-  --moe-cache-rate 0.15 --batch 1,4 --tokens 32 --warmup 4 $P --json > $OUT/aw_bench.json 2>$OUT/aw_bench.err
-show $OUT/aw_bench.json
+record_offload aw_bench 430
 grep "MoE prefetch" $OUT/aw_bench.err | head -1
 date -u
 } 2>&1 | tee $OUT/round_aw.log
