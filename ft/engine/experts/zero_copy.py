@@ -106,12 +106,18 @@ class ZeroCopyCache(ExpertCache):
         self._followed = -1
         self._keep_after(-1)
 
+    def _kept_after(self, layer: int) -> range:
+        """`layer` (-1: none followed yet) and the `keep_ahead` layers after it: the layers the
+        GPU may be in, reading slots without waiting for the host, while the host follows it."""
+        return range(layer, layer + 1 + self.keep_ahead)
+
     def _keep_after(self, layer: int) -> None:
-        """Tell the device that `layer` (-1: none yet) and the `keep_ahead` layers after it are
-        kept: the host, following `layer` or a later one, takes no slot of theirs in this step
-        (`_victims`). No kept layer where keep_ahead is 0: each waits for its gate."""
+        """Tell the device that `_kept_after(layer)` is kept: the host, following `layer` or a
+        later one, takes no slot of theirs in this step (`_victims`). No kept layer where
+        keep_ahead is 0: each waits for its gate."""
         if self.keep_ahead:
-            self._kept_items[max(layer, 0) : layer + 1 + self.keep_ahead] = 1
+            kept = self._kept_after(layer)
+            self._kept_items[max(kept.start, 0) : kept.stop] = 1
 
     def top_up(self) -> None:
         """Gates, between two layers' routings: queue held guesses while the prefetch window
@@ -173,9 +179,9 @@ class ZeroCopyCache(ExpertCache):
         """Inside: slots are taken as following `layer` allows (`_victims`); `layer` is the last
         one followed in this step (-1: none, or the step is done on the device)."""
         self._finished = self._followed = layer
-        # gates: the layers the GPU may be in, reading slots without waiting for the host: the
-        # one being opened and the kept ones after it; none once the step is done
-        self._spared = range(0) if step_done else range(layer, layer + 1 + self.keep_ahead)
+        # gates: the layers whose slots are not taken: the one being opened and the kept ones
+        # after it; none once the step is done
+        self._spared = range(0) if step_done else self._kept_after(layer)
         try:
             yield
         finally:
