@@ -11,7 +11,8 @@ H200 box (round P), so settings are compared within one process, each run severa
 Pseudo-variables set the engine instead: STRATEGY=NAME (another strategy than --strategy's),
 WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1 (--moe-zero-copy), GATES=0|1
 (--no-moe-gates, host stops | --moe-gates, offload's default), DEPTH=N
-(--moe-prefetch-depth, instead of --depths), RATE=R (--moe-cache-rate, instead of --cache-rate).
+(--moe-prefetch-depth, instead of --depths), RATE=R (--moe-cache-rate, instead of --cache-rate),
+FETCH=F (hybrid's --moe-hybrid-max-fetch).
 One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms,
 the per-step counters, and the host's state over the run (`host`: the process's involuntary
 context switches, the CPU its main thread ended on, the GPU's SM clock after it), to tell what
@@ -68,7 +69,7 @@ def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
     """A variant's pseudo-variables -> (the real environment, the engine settings they give):
     STRATEGY=NAME, WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1
     (--moe-zero-copy), GATES=0|1 (--no-moe-gates | --moe-gates), DEPTH=N
-    (--moe-prefetch-depth), RATE=R (--moe-cache-rate)."""
+    (--moe-prefetch-depth), RATE=R (--moe-cache-rate), FETCH=F (--moe-hybrid-max-fetch)."""
     env, settings = dict(env), {}
     if "STRATEGY" in env:
         settings["strategy"] = env.pop("STRATEGY")
@@ -84,6 +85,8 @@ def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
         settings["moe_prefetch_depth"] = env.pop("DEPTH")  # a number or auto
     if "RATE" in env:
         settings["moe_cache_rate"] = float(env.pop("RATE"))
+    if "FETCH" in env:
+        settings["max_fetch"] = env.pop("FETCH")  # a fraction or auto
     return env, settings
 
 

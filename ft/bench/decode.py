@@ -61,7 +61,7 @@ class DecodeBenchConfig:
     moe_prefetch_window: int | None = None  # None: the strategy's default
     pin_engine_thread: bool = False  # pin the stepping thread (--pin-engine-thread)
     moe_zero_copy: bool | None = None  # offload's --moe-zero-copy (the other strategies: unset)
-    moe_gates: bool | None = None  # offload's --moe-gates (None: its default; others: unset)
+    moe_gates: bool | None = None  # offload's and hybrid's --moe-gates (None: the default)
     expert_format: str | None = None  # None: the checkpoint's (given: checked against it)
 
     def __post_init__(self) -> None:
@@ -170,7 +170,7 @@ def _engine(cfg, base, strategy: str, store):
         moe_prefetch=cfg.moe_prefetch, moe_prefetch_depth=cfg.moe_prefetch_depth,
         moe_prefetch_window=cfg.moe_prefetch_window, pin_engine_thread=cfg.pin_engine_thread,
         moe_zero_copy=cfg.moe_zero_copy if strategy == "offload" else None,
-        moe_gates=cfg.moe_gates if strategy == "offload" else None,
+        moe_gates=cfg.moe_gates if strategy in ("offload", "hybrid") else None,
         bw_profile=cfg.profile, expert_format=base.expert_format,
     )  # fmt: skip
     return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared

@@ -230,12 +230,16 @@ class EngineConfig:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
         depth = check_prefetch_depth(self.moe_prefetch_depth)
         object.__setattr__(self, "moe_prefetch_depth", depth)
-        for flag, on in (("--moe-zero-copy", self.moe_zero_copy), ("--moe-gates", self.moe_gates)):
-            if on and self.moe_strategy != "offload":
-                raise FtError(
-                    f"{flag} is offload's (got --moe-strategy {self.moe_strategy}): hybrid's "
-                    "CPU share needs the host's stop, resident has no misses"
-                )
+        if self.moe_zero_copy and self.moe_strategy != "offload":
+            raise FtError(
+                f"--moe-zero-copy is offload's (got --moe-strategy {self.moe_strategy}): hybrid "
+                "meets a miss with its CPU, resident has no misses"
+            )
+        if self.moe_gates and self.moe_strategy not in ("offload", "hybrid"):
+            raise FtError(
+                f"--moe-gates is offload's and hybrid's (got --moe-strategy {self.moe_strategy}):"
+                " resident has no misses"
+            )
         if self.moe_zero_copy and self.moe_gates:
             raise FtError(
                 "--moe-zero-copy and --moe-gates are two ways to meet a miss (read it in place, "
@@ -289,10 +293,11 @@ class EngineConfig:
         turns into a miss may go to its CPU; rounds Y to AA); zero-copy offload was fastest
         with 8 (its work list waits for a queued copy, and reads the rest in place; round AG),
         offload --moe-gates with 2 at batch 4 (round AM). So: 2 for offload (gates or not), 8
-        for offload --moe-zero-copy, none for hybrid."""
+        for offload --moe-zero-copy, none for hybrid's host stops, 2 for hybrid on gates (as
+        offload's gates: a miss there is the CPU's only where the split says so)."""
         if self.moe_prefetch_window is not None:
             return self.moe_prefetch_window
-        if self.moe_strategy != "offload":
+        if self.moe_strategy != "offload" and not self.gates:
             return 0
         return 8 if self.zero_copy else 2
 
@@ -308,7 +313,10 @@ class EngineConfig:
         the host has fetched their misses (ft.engine.strategies.zero_copy), rather than a host
         stop per layer (--no-moe-gates). The default since round AN (docs/perf.md): with the
         copy engine fed between routings, 3-6% ahead of host stops at batch 1 and ~7% at
-        batch 4 on the H200 box; zero-copy is the other way to meet a miss, so not with it."""
+        batch 4 on the H200 box; zero-copy is the other way to meet a miss, so not with it.
+        hybrid: only with --moe-gates (GatedHybridStrategy: the CPU's experts at the gate)."""
+        if self.moe_strategy == "hybrid":  # opt-in: hybrid's host stops stay its default
+            return bool(self.moe_gates)
         if self.moe_strategy != "offload" or self.zero_copy:
             return False
         return self.moe_gates is not False

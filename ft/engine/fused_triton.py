@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ft.engine.experts import grouped
+
 
 @triton.jit
 def _round(x, DTYPE: tl.constexpr):
@@ -121,6 +123,10 @@ MAX_SPINS = tl.constexpr(1 << 13)
 # reading its misses in place: some ms, where the host opens a gate once it has followed the
 # layer (its poll and bookkeeping); past that the host is taken to be stalled
 MAX_GATE_SPINS = tl.constexpr(1 << 14)
+# hybrid on device gates: a table entry the CPU computes this step, and the gate's value when
+# the host opens it with the CPU's share of the layer written (ft.engine.strategies.hybrid)
+ON_CPU = tl.constexpr(grouped.ON_CPU)
+CPU_SHARE = tl.constexpr(grouped.CPU_SHARE)
 
 
 @triton.jit
@@ -140,45 +146,51 @@ def _ready_slots(slot, key, ok, ready_ptr, CODE, WAIT: tl.constexpr):
 
 @triton.jit
 def _wait_for_host(gate_ptr):
-    """Poll the layer's gate (bounded) until the host opens it."""
+    """Poll the layer's gate (bounded) until the host opens it -> its value (0: never)."""
     spins = 0
-    while (tl.load(gate_ptr, volatile=True) == 0) & (spins < MAX_GATE_SPINS):
+    opened = tl.load(gate_ptr, volatile=True)
+    while (opened == 0) & (spins < MAX_GATE_SPINS):
+        opened = tl.load(gate_ptr, volatile=True)
         spins += 1
+    return opened
 
 
 @triton.jit
 def _gated_slots(key, ok, table_ptr, gate_ptr, kept_ptr):
     """Device gates: the slots of the layer's routed experts, read from the table once the host
-    lets the layer go. A layer whose slots the host keeps for the rest of the step (`kept`) goes
+    lets the layer go, and the gate's value (0: passed without it, or it never opened). A layer
+    whose slots the host keeps for the rest of the step (`kept`) goes
     on at once where the table names a slot for every routed expert (the ready marks are still
     checked); else it waits for the gate, which the host opens once it has queued the layer's
     misses and named their slots. The table is read only after the flag or the gate has been
     seen set (a branch on their value: the GPU issues no load past an unresolved branch), so a
     slot the host took before keeping the layer is never read as named."""
     slot = tl.full(key.shape, -1, tl.int32)
+    opened = 0
     named = tl.load(kept_ptr, volatile=True) != 0
     if named:
         slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
         named = tl.sum((ok & (slot < 0)).to(tl.int32), axis=0) == 0
     if not named:
-        _wait_for_host(gate_ptr)
+        opened = _wait_for_host(gate_ptr)
         slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
-    return slot
+    return slot, opened
 
 
 @triton.jit
 def _plan_kernel(
     ids_ptr, w_ptr, table_ptr, tok_ptr, slot_ptr, wout_ptr, bstart_ptr, bslot_ptr, row_ptr,
-    count_ptr, uses_ptr, ready_ptr, gate_ptr, kept_ptr, P, NSLOT, CODE, stride_ids, K: tl.constexpr,
-    BP: tl.constexpr, TABLE: tl.constexpr, IN_PLACE: tl.constexpr, WAIT: tl.constexpr,
-    GATE: tl.constexpr, USES: tl.constexpr,
+    count_ptr, uses_ptr, ready_ptr, gate_ptr, kept_ptr, cpu_ptr, P, NSLOT, CODE, stride_ids,
+    K: tl.constexpr, BP: tl.constexpr, TABLE: tl.constexpr, IN_PLACE: tl.constexpr,
+    WAIT: tl.constexpr, GATE: tl.constexpr, USES: tl.constexpr, CPU: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, BP)
     ok = i < P
     at = (i // K) * stride_ids + i % K  # ids [T, K] may be a strided view
     key = tl.load(ids_ptr + at, mask=ok, other=2**30).to(tl.int32)  # padding sorts last
+    opened = 0
     if GATE:  # device gates: the host has fetched the layer's misses once it lets it go
-        slot = _gated_slots(key, ok, table_ptr, gate_ptr, kept_ptr)
+        slot, opened = _gated_slots(key, ok, table_ptr, gate_ptr, kept_ptr)
     elif TABLE:  # volatile: the host may rewrite the table while a step runs (zero-copy decode)
         slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
     else:
@@ -187,10 +199,16 @@ def _plan_kernel(
     earlier = i[None, :] < i[:, None]
     rank = tl.sum(((key[None, :] < key[:, None]) | (same & earlier)).to(tl.int32), axis=1)
     first = tl.sum((same & earlier).to(tl.int32), axis=1) == 0  # the run's first pair
+    on_cpu = i < 0  # none, but for hybrid's
+    if CPU:  # the gate opened with the CPU's share written (CPU_SHARE), or not: read in place
+        shared = opened == CPU_SHARE
+        tl.store(cpu_ptr, shared.to(tl.int32))  # for the sum (reduce_pairs)
+        on_cpu = ok & (slot == ON_CPU) & shared
     if IN_PLACE:  # slot not ready: the expert's row of the host store, NSLOT + expert
-        missed = ok & ~_ready_slots(slot, key, ok, ready_ptr, CODE, WAIT)
+        missed = ok & ~on_cpu & ~_ready_slots(slot, key, ok, ready_ptr, CODE, WAIT)
         tl.atomic_add(count_ptr, tl.sum((missed & first).to(tl.int64), axis=0))  # once each
         slot = tl.where(missed, NSLOT + key, slot)
+        slot = tl.where(on_cpu, -1, slot)  # computed by the CPU: skipped here
     if USES:  # the distinct experts computed from a slot: resident's use counter
         tl.atomic_add(uses_ptr, tl.sum((first & ok & (slot >= 0)).to(tl.int64), axis=0))
     weight = tl.load(w_ptr + i, mask=ok, other=0.0)
@@ -226,7 +244,10 @@ def plan_pairs(
     in place) and counts once in its misses; with a gate, the plan first waits for the host to
     open it (it has then fetched the layer's misses: ft.engine.experts.zero_copy), unless the
     host keeps the layer's slots and the table names one for every routed expert (`_gated_slots`).
-    uses (a device counter): += the distinct experts computed from a slot."""
+    uses (a device counter): += the distinct experts computed from a slot. Hybrid on gates
+    (in_place.cpu_shared): an expert the table marks ON_CPU is skipped where the host opened
+    the gate with CPU_SHARE (the CPU's sum of the layer is written; cpu_shared says so to the
+    sum), else read in place like any miss (a gate that never opened: the result stays exact)."""
     P, K = ids.numel(), ids.shape[1]  # noqa: N806
     if in_place is None:  # its operands are never read: stand-ins
         count, ready, num_slots, code_base, wait, gate = ids, ids, 0, 0, False, None
@@ -236,11 +257,13 @@ def plan_pairs(
     assert gate is None or table is not None, "a gate guards a slot table"
     # without a kept flag, the gate stands for it: an open gate lets the layer go as well
     kept = gate if gate is None or in_place.kept is None else in_place.kept
+    cpu = None if in_place is None or in_place.share is None else in_place.share.shared
+    assert cpu is None or gate is not None, "the CPU's share comes with its gate"
     _plan_kernel[(1,)](
         ids, weights, table if table is not None else ids, tok, slot, weight, block_start,
         block_slot, row_of, count, uses if uses is not None else ids, ready,
-        gate if gate is not None else ids, kept if kept is not None else ids, P, num_slots,
-        code_base, ids.stride(0), K=K,
+        gate if gate is not None else ids, kept if kept is not None else ids,
+        cpu if cpu is not None else ids, P, num_slots, code_base, ids.stride(0), K=K,
         BP=triton.next_power_of_2(P), TABLE=table is not None, IN_PLACE=in_place is not None,
-        WAIT=wait, GATE=gate is not None, USES=uses is not None,
+        WAIT=wait, GATE=gate is not None, USES=uses is not None, CPU=cpu is not None,
     )  # fmt: skip

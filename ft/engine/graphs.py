@@ -243,13 +243,17 @@ def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
     return [(cut, columns(rows, j + 1, top_k), cuts[k]) for j, cut in enumerate(ahead)]
 
 
-def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> torch.Tensor:
+def follow_step(
+    strategy, cuts: list[int], rows: StopRows, b: int, launch, handoffs=None
+) -> torch.Tensor:
     """The host's side of a decode step it follows (zero-copy, device gates): `launch()`
     queues the whole step (zero-copy: the GPU waits for no one; gates: each cut for its
     `follow`, the gates shut first by `begin_step`) and returns its logits; then, cut by cut as
     the GPU publishes them, the host hands the routed ids and the guesses of the next cuts to
     `strategy.follow`, which copies experts in for this cut (gates), later layers and tokens.
-    A guess for a cut the GPU has routed already is dropped: it comes too late to help."""
+    A guess for a cut the GPU has routed already is dropped: it comes too late to help.
+    handoffs: the step's two Handoff buffers; cut k's input is in the one stretch k writes
+    (hybrid's CPU experts read it)."""
     strategy.begin_step()
     out = launch()
     top_k, depth = rows.width // (1 + strategy.prefetch_depth), strategy.depth_at(b)
@@ -262,7 +266,8 @@ def follow_step(strategy, cuts: list[int], rows: StopRows, b: int, launch) -> to
             for j, later in enumerate(ahead)
             if not rows.ready(k + 1 + j, b)
         ]
-        strategy.follow(cut, columns(got, 0, top_k), guesses)
+        inputs = handoffs[(k + 1) % 2].rows(b) if handoffs is not None else None
+        strategy.follow(cut, columns(got, 0, top_k), guesses, inputs)
     if strategy.guesses_next_token:  # the step's last rows: the next token's first cuts
         ahead = next_token_cuts(cuts, depth)
         got = rows.wait(len(cuts), b, len(ahead) * top_k, strategy.top_up)
@@ -306,7 +311,8 @@ class DecodeGraphs:
         self.slots[:b].copy_(batch.slots)
         key = (b, kv_bucket(max(s.start for s in batch.spans) + 1, self.max_len, self.bucket))
         if self.rows is not None:  # zero-copy: the whole step is one graph the host follows
-            out = follow_step(self.strategy, self.cuts, self.rows, b, lambda: self._replay(key))
+            replay = lambda: self._replay(key)  # noqa: E731
+            out = follow_step(self.strategy, self.cuts, self.rows, b, replay, self.handoffs)
         else:
             out = run_step(self.strategy, self.cuts, lambda k: self._replay(key, k))
         return out.clone()  # graphs share one memory pool: the next replay may reuse `out`

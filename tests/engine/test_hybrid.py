@@ -107,6 +107,28 @@ def test_hybrid_equals_resident_and_counters_add_up(synth_tiny, resident_ids, ma
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("max_fetch,slots", [(0.0, 4), (0.3, 12), (1.0, 12)])
+def test_hybrid_on_gates_equals_resident(synth_tiny, resident_ids, max_fetch, slots):
+    """Eager decode on gates: the host follows each layer first, the CPU's misses marked in the
+    table and summed into the layer's share row, the gate opened with CPU_SHARE."""
+    want, uses = resident_ids
+    engine = hybrid(synth_tiny[0], max_fetch, slots, moe_gates=True)
+    try:
+        assert type(engine.strategy).__name__ == "GatedHybridStrategy"
+        assert run_all(engine, PROMPTS, GREEDY) == want
+        stats, strategy = engine.stats, engine.strategy
+    finally:
+        engine.close()
+    assert stats.expert_uses == uses and stats.cache_hits + stats.cache_misses == uses
+    assert stats.experts_cpu == strategy.experts_cpu_total and stats.experts_cpu_inline == 0
+    if max_fetch == 1.0:
+        assert stats.experts_cpu == 0 and not strategy.cpu_threads
+    else:
+        assert 0 < stats.experts_cpu <= stats.cache_misses
+        assert all(name.startswith(THREAD_PREFIX) for name in strategy.cpu_threads)
+
+
+@pytest.mark.timeout(120)
 def test_prefill_experts_with_many_tokens_are_fetched(synth_tiny):
     engine = hybrid(synth_tiny[0], 0.0)
     try:
@@ -140,13 +162,17 @@ def test_inline_fault_from_the_environment(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-def test_cuda_hybrid_matches_resident_on_the_first_tokens(synth_tiny):
-    """Device kernels vs the CPU pool's: near-ties may differ late, so compare the start."""
+@pytest.mark.parametrize("gates", [False, True])
+def test_cuda_hybrid_matches_resident_on_the_first_tokens(synth_tiny, gates):
+    """Device kernels vs the CPU pool's: near-ties may differ late, so compare the start. With
+    gates, decode is the graphed step the host follows: the CPU's sums reach the device
+    through the share rows and the gates opened with CPU_SHARE."""
     cuda = dict(device="cuda", dtype="float32", max_num_seqs=4)
     resident = LLMEngine(EngineConfig(model=str(synth_tiny[0]), **cuda))
     want = run_all(resident, PROMPTS, GREEDY)
     resident.close()
-    hybrid = dict(moe_strategy="hybrid", moe_cache_size=4, moe_hybrid_max_fetch=0.3)
+    hybrid = dict(moe_strategy="hybrid", moe_cache_size=4, moe_hybrid_max_fetch=0.3,
+                  moe_gates=gates)  # fmt: skip
     engine = LLMEngine(EngineConfig(model=str(synth_tiny[0]), **hybrid, **cuda))
     try:
         got = run_all(engine, PROMPTS, GREEDY)

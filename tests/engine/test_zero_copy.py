@@ -60,7 +60,7 @@ def test_zero_copy_offload_decodes_like_resident_and_counts_what_it_read_in_plac
     [
         (dict(moe_strategy="hybrid", moe_zero_copy=True), "--moe-zero-copy is offload's"),
         (dict(moe_strategy="resident", moe_zero_copy=True), "--moe-zero-copy is offload's"),
-        (dict(moe_strategy="hybrid", moe_gates=True), "--moe-gates is offload's"),
+        (dict(moe_strategy="resident", moe_gates=True), "--moe-gates is offload's and hybrid's"),
         (
             dict(moe_strategy="offload", moe_gates=True, moe_zero_copy=True),
             "--moe-zero-copy and --moe-gates are two ways",
@@ -79,8 +79,9 @@ def test_zero_copy_is_offload_s(settings, message):
         (dict(moe_strategy="offload"), True),  # offload's default (round AN)
         (dict(moe_strategy="offload", moe_gates=False), False),  # host stops
         (dict(moe_strategy="offload", moe_zero_copy=True), False),  # misses read in place
-        (dict(moe_strategy="hybrid"), False),  # its CPU share needs the stop
+        (dict(moe_strategy="hybrid"), False),  # its host stops stay its default
         (dict(moe_strategy="hybrid", moe_gates=False), False),
+        (dict(moe_strategy="hybrid", moe_gates=True), True),  # opt-in: CPU experts at the gate
         (dict(moe_strategy="resident"), False),
     ],
 )
@@ -161,6 +162,57 @@ def test_a_gated_plan_waits_for_the_host_then_reads_the_table():
     from its slot, the one the host found no slot for is read in place. A kept layer whose
     experts the table names goes on without the gate; one with an expert unnamed waits."""
     proc = run_interpreted(_GATED, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
+
+
+_CPU_SHARE = """
+import torch
+from ft.engine.experts.grouped import CPU_SHARE, ON_CPU, CpuShare, InPlace, moe_pairs, plan_blocks
+from ft.engine.experts.grouped import reduce_pairs
+
+gen = torch.Generator().manual_seed(0)
+bank = {"w13": torch.randn(4, 16, 8, generator=gen), "w2": torch.randn(4, 8, 8, generator=gen)}
+slots = {k: v[:2].clone() for k, v in bank.items()}  # slot s holds expert s (0, 1)
+table = torch.tensor([0, 1, ON_CPU, -1], dtype=torch.int32)  # 2: the CPU's; 3: no slot
+ready = torch.tensor([0, 1], dtype=torch.int32)
+ids, weights = torch.tensor([[0, 2], [3, 1]]), torch.rand(2, 2, generator=gen)
+x = torch.randn(2, 8, generator=gen)
+whole = plan_blocks(ids, weights, None, "torch")  # every expert from the store: the reference
+ref = reduce_pairs(whole, moe_pairs(x, bank, whole, "torch", "bf16"), 2)
+cpu_only = plan_blocks(ids[:1, 1:], weights[:1, 1:], None, "torch")  # expert 2 for token 0
+cpu = reduce_pairs(cpu_only, moe_pairs(x[:1], bank, cpu_only, "torch", "bf16"), 1)
+
+def run(gate_value, backend):
+    misses = torch.zeros(1, dtype=torch.long)
+    gate, kept = torch.tensor([gate_value], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    rows = torch.zeros(4, 8)
+    rows[:1] = cpu if gate_value == CPU_SHARE else 99.0  # unread unless the gate says so
+    share = CpuShare(rows, torch.zeros(1, dtype=torch.int32))
+    in_place = InPlace(2, misses, ready, 0, False, gate, kept, share)
+    blocks = plan_blocks(ids, weights, table, backend, in_place)
+    y = moe_pairs(x, slots, blocks, "torch", "bf16", host=bank)
+    return reduce_pairs(blocks, y, 2, torch.float32, backend, share), int(misses), share
+
+for backend in ("triton", "torch"):
+    got, misses, share = run(CPU_SHARE, backend)  # the CPU's sum written: expert 2 skipped
+    assert int(share.shared[0]) == 1 and misses == 1, (backend, misses)  # 3 read in place
+    torch.testing.assert_close(got, ref)
+    got, misses, share = run(1, backend)  # opened without it: expert 2 read in place
+    assert int(share.shared[0]) == 0 and misses == 2, (backend, misses)
+    torch.testing.assert_close(got, ref)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.timeout(120)
+def test_an_expert_marked_for_the_cpu_is_skipped_only_where_its_share_is_written():
+    """Hybrid on gates: the plan (Triton under the interpreter, and torch) skips an expert the
+    table marks ON_CPU where the gate opened with CPU_SHARE, and the sum adds the CPU's row;
+    opened otherwise (a stalled host's gate times out as 0) the expert is read in place. Both
+    give the exact layer."""
+    proc = run_interpreted(_CPU_SHARE, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
 

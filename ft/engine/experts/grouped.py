@@ -26,6 +26,9 @@ from ft.engine.formats import get_format
 
 MIN_BLOCK_M = 16  # tl.dot needs 16 rows at least
 MAX_DEVICE_PAIRS = 128  # above this (prefill), rows of one slot may outgrow a block: group on host
+# hybrid on device gates: a slot table entry the CPU computes in this step, and the gate's value
+# once the host has written the CPU's share of the layer (ft.engine.strategies.hybrid)
+ON_CPU, CPU_SHARE = -2, 2
 
 
 @dataclass
@@ -43,6 +46,16 @@ class PairBlocks:
     @property
     def num_pairs(self) -> int:
         return self.tok.shape[0]
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """Hybrid on device gates: the CPU's sum of a layer's experts the table marks ON_CPU."""
+
+    rows: torch.Tensor  # [B_max, D] float32, written by the host (pinned: read in place)
+    # [1] int32 on the device, set by the plan: 1 where the host opened the gate with CPU_SHARE
+    # (the rows hold the sum, and the marked experts are skipped), 0 where they are read in place
+    shared: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,7 @@ class InPlace:
     # (takes none of them for the rest of the step); the plan then goes on without the gate
     # where the table names a slot for every routed expert
     kept: torch.Tensor | None = None
+    share: CpuShare | None = None  # with a gate: hybrid's CPU share of the layer
 
 
 def block_m_for(rows: int) -> int:
@@ -111,7 +125,12 @@ def plan_blocks(
         if in_place is not None:
             code = ids.to(torch.int32) + in_place.code_base
             ready = (slots >= 0) & (in_place.ready[slots.clamp(min=0)] == code)
+            marked = slots == ON_CPU
             slots = torch.where(ready, slots, ids.to(slots.dtype) + in_place.num_slots)
+            if in_place.share is not None:  # as the kernel's, with the gate already open
+                shared = in_place.gate[0] == CPU_SHARE
+                in_place.share.shared.copy_(shared.to(torch.int32).reshape(1))
+                slots = torch.where(marked & shared, -1, slots)
         blocks = blocks_on_device(slots, weights, None if table is None else ids)
         if in_place is not None:
             in_place.misses.add_((blocks.block_slot >= in_place.num_slots).sum())
@@ -165,20 +184,24 @@ def moe_pairs(x, bank: dict, blocks: PairBlocks, backend: str, fmt: str, host=No
 
 
 def reduce_pairs(
-    blocks: PairBlocks, y: torch.Tensor, tokens: int, dtype=torch.float32, backend: str = "torch"
-) -> torch.Tensor:
+    blocks: PairBlocks, y: torch.Tensor, tokens: int, dtype=torch.float32, backend: str = "torch",
+    share: CpuShare | None = None,
+) -> torch.Tensor:  # fmt: skip
     """-> [T, D] in `dtype`: each token's pair outputs y [P, D] summed in float32, rows whose
-    slot is -1 left out (moe_pairs leaves them unwritten). Triton, where the plan says where each
-    token's pairs are (`row_of`): one launch, each token's K rows in routing order; else torch's
-    index_add_ (the same order for every strategy on the CPU, so resident and offload agree bit
-    for bit there)."""
+    slot is -1 left out (moe_pairs leaves them unwritten), plus hybrid's CPU share where the
+    plan set its flag. Triton, where the plan says where each token's pairs are (`row_of`): one
+    launch, each token's K rows in routing order; else torch's index_add_ (the same order for
+    every strategy on the CPU, so resident and offload agree bit for bit there)."""
     if backend == "triton" and blocks.row_of is not None:
         from ft.engine.experts.triton_moe import triton_reduce_pairs
 
-        return triton_reduce_pairs(y, blocks.row_of, blocks.slot, tokens, dtype)
+        return triton_reduce_pairs(y, blocks.row_of, blocks.slot, tokens, dtype, share)
     y = torch.where((blocks.slot >= 0)[:, None], y, 0.0)
     acc = torch.zeros(tokens, y.shape[1], dtype=torch.float32, device=y.device)
-    return acc.index_add_(0, blocks.tok, y).to(dtype)
+    acc.index_add_(0, blocks.tok, y)
+    if share is not None and int(share.shared[0]):  # a host sync: the torch path's
+        acc += share.rows[:tokens].to(acc.device)
+    return acc.to(dtype)
 
 
 def torch_moe_pairs(x, bank: dict, blocks: PairBlocks, fmt: str, host=None) -> torch.Tensor:

@@ -330,8 +330,8 @@ def triton_moe_pairs(x: torch.Tensor, bank: dict, blocks, fmt: str, host=None) -
 
 @triton.jit
 def _reduce_kernel(
-    y_ptr, row_ptr, slot_ptr, out_ptr, D, stride_y, stride_o,
-    K: tl.constexpr, BD: tl.constexpr, DTYPE: tl.constexpr,
+    y_ptr, row_ptr, slot_ptr, out_ptr, share_ptr, shared_ptr, D, stride_y, stride_o,
+    K: tl.constexpr, BD: tl.constexpr, DTYPE: tl.constexpr, SHARE: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -341,18 +341,23 @@ def _reduce_kernel(
         row = tl.load(row_ptr + t * K + k)
         part = tl.load(y_ptr + row * stride_y + cols, mask=ok, other=0.0)
         acc += tl.where(tl.load(slot_ptr + row) >= 0, part, 0.0)  # slot -1: not computed
+    if SHARE:  # hybrid: the CPU's experts' sum, where the plan found it written
+        if tl.load(shared_ptr) != 0:  # volatile: pinned rows the host rewrites between steps
+            acc += tl.load(share_ptr + t * D + cols, mask=ok, other=0.0, volatile=True)
     tl.store(out_ptr + t * stride_o + cols, acc.to(DTYPE), mask=ok)
 
 
-def triton_reduce_pairs(y, row_of, slot, tokens: int, dtype) -> torch.Tensor:
+def triton_reduce_pairs(y, row_of, slot, tokens: int, dtype, share=None) -> torch.Tensor:
     """-> [T, D] in `dtype`: token t's K pair rows of y [P, D] (rows row_of[t K : t K + K]),
     those with a slot, summed in float32; one launch where torch takes four (two fills, an
-    index_add_ and the cast: ~8 us of a decode layer's kernels at batch 1, round AK)."""
+    index_add_ and the cast: ~8 us of a decode layer's kernels at batch 1, round AK). share
+    (hybrid, grouped.CpuShare): plus its rows [T, D] float32 where its flag is set."""
     P, D = y.shape  # noqa: N806
     out = torch.empty(tokens, D, dtype=dtype, device=y.device)
     bd = min(1024, triton.next_power_of_2(D))
+    rows, shared = (y, slot) if share is None else (share.rows, share.shared)  # stand-ins
     _reduce_kernel[(tokens, triton.cdiv(D, bd))](
-        y, row_of, slot, out, D, y.stride(0), out.stride(0), K=P // tokens, BD=bd,
-        DTYPE=_TL_DTYPE[dtype],
+        y, row_of, slot, out, rows, shared, D, y.stride(0), out.stride(0), K=P // tokens, BD=bd,
+        DTYPE=_TL_DTYPE[dtype], SHARE=share is not None,
     )  # fmt: skip
     return out

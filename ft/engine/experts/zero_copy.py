@@ -57,6 +57,7 @@ import torch
 
 from ft import settings
 from ft.engine.experts.cache import ExpertCache, device_view
+from ft.engine.experts.grouped import ON_CPU
 from ft.engine.experts.stream_write import stream_writer
 
 RESERVE = 8  # free slots for a step's first layers: no finished layer can give them one yet
@@ -97,6 +98,7 @@ class ZeroCopyCache(ExpertCache):
         self._kept = torch.zeros(len(store.banks), dtype=torch.int32, pin_memory=cuda)
         self.kept = device_view(self._kept, self.device) if cuda else self._kept
         self._kept_items = self._kept.numpy()
+        self._on_cpu: dict[int, list[int]] = {}  # hybrid: layer -> experts marked ON_CPU
 
     def begin_step(self) -> None:
         """A decode step is about to be queued: every gate shut, the step's first layers kept
@@ -142,16 +144,22 @@ class ZeroCopyCache(ExpertCache):
         """What `ready[slot]` holds once the slot has this expert's data."""
         return layer * self.store.num_experts + expert
 
-    def follow(self, layer: int, experts: list[int], guesses: list[tuple[int, list[int]]]) -> None:
+    def follow(
+        self, layer: int, experts: list[int], guesses: list[tuple[int, list[int]]],
+        on_cpu: list[int] = (),
+    ) -> None:  # fmt: skip
         """The GPU has routed `layer` to `experts` and finished every layer before it: mark
         the uses (LRU); with gates, queue the copies of this layer's misses and open its gate;
         then queue copies of the guessed experts of later layers (`guesses`: (layer, experts)
         each, nearest first) and, after those, of this layer's misses not copied yet, for the
         next token. Within the prefetch window, what waits is held on the host: the guesses
-        first, the misses after; both are dropped once their layer is routed again."""
+        first, the misses after; both are dropped once their layer is routed again.
+        Hybrid (gates): the misses `on_cpu` are the CPU's: marked ON_CPU in the table, not
+        copied, and the gate left shut for the hybrid to open once their share is written."""
         with self._following(layer):
             self._keep_after(layer)  # the victims spare them from here on (`_victims`)
             self._drop_held(layer)
+            self._unmark_cpu(layer)
             missing = []
             for expert in experts:
                 key = (layer, expert)
@@ -163,8 +171,12 @@ class ZeroCopyCache(ExpertCache):
             if self.gates:
                 self.misses += len(missing)
                 self.misses_by_layer[layer] += len(missing)
+                if on_cpu:
+                    self._mark_cpu(layer, on_cpu)
+                    missing = [e for e in missing if e not in set(on_cpu)]
                 missing = self._copy_now(layer, missing)  # left: no slot to be had
-                self._opened_items[layer] = 1  # the table names the copies: the GPU may go on
+                if not on_cpu:  # the table names the copies: the GPU may go on
+                    self.open(layer)
             self._refill()
             for later, guessed in guesses:
                 self.prefetch(later, guessed, keep_layer=layer)
@@ -173,6 +185,23 @@ class ZeroCopyCache(ExpertCache):
                 return
             self._later.extend((layer, e) for e in missing)
             self._feed(keep_layer=layer)
+
+    def open(self, layer: int, value: int = 1) -> None:
+        """Open the layer's gate (hybrid: with CPU_SHARE once the CPU's share is written)."""
+        self._opened_items[layer] = value
+
+    def _mark_cpu(self, layer: int, experts: list[int]) -> None:
+        """Table entries ON_CPU for these misses of `layer`: the device skips them where the
+        gate opens with the CPU's share, reads them in place where it does not."""
+        self._on_cpu[layer] = list(experts)
+        self._table_items[layer, experts] = ON_CPU
+
+    def _unmark_cpu(self, layer: int) -> None:
+        """The last step's ON_CPU entries of `layer` back to none (-1), where no copy has named
+        a slot there since."""
+        for expert in self._on_cpu.pop(layer, ()):
+            if self._table_items[layer, expert] == ON_CPU:
+                self._table_items[layer, expert] = -1
 
     @contextmanager
     def _following(self, layer: int, step_done: bool = False):

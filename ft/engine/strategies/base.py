@@ -77,9 +77,11 @@ class MoeStrategy:
     def begin_step(self) -> None:
         """host_follows strategies: a decode step is about to be queued (the last one is done)."""
 
-    def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple]) -> None:
+    def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple], inputs=None):
         """host_follows strategies: the GPU has routed `layer` (topk_ids [T][K]) and finished
-        the layers before it; guesses: (later layer, ids [T][K]) nearest first."""
+        the layers before it; guesses: (later layer, ids [T][K]) nearest first; inputs: the
+        layer's MoE input and weights where the device holds them (`.x` [T, D], `.weights`
+        [T, K]: a graphs.Handoff), for a strategy that computes some experts on the CPU."""
         raise NotImplementedError
 
     # host_follows strategies: True: the step's end guesses the next token's first layers

@@ -9,6 +9,10 @@ CPU's result and copy it to a device buffer. `compute` (no host sync, so graphed
 it) runs the hits and fetched experts from their slots (the CPU's experts have none: skipped)
 and adds that buffer. Prefill groups on the host, with the same split.
 Legend: T = tokens, D = hidden, K = experts per token.
+
+On device gates (`--moe-gates`, GatedHybridStrategy) the step is offload's one graph the host
+follows; a layer's CPU experts run while the GPU waits at that layer's gate, and their sum
+reaches the device through a pinned row the layer's sum reads (below).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -26,10 +31,20 @@ from ft.engine.cpu_moe import (
     log_ready,
     lower_torch_threads,
 )
+from ft.engine.experts.cache import device_view
 from ft.engine.experts.dispatch import ExpertGroup, group_by_expert
-from ft.engine.experts.grouped import MAX_DEVICE_PAIRS
+from ft.engine.experts.grouped import (
+    CPU_SHARE,
+    MAX_DEVICE_PAIRS,
+    CpuShare,
+    InPlace,
+    moe_pairs,
+    plan_blocks,
+    reduce_pairs,
+)
 from ft.engine.formats import get_format
 from ft.engine.strategies.offload import OffloadStrategy
+from ft.engine.strategies.zero_copy import ZeroCopyOffloadStrategy, flat_guesses
 
 # The CPU wins only at a few tokens per expert (decode); an expert with more tokens than this is
 # always fetched, whatever the fraction (the seed's executor line says max_tokens=4).
@@ -60,7 +75,68 @@ def split_misses(
     return fetch, cpu
 
 
-class HybridStrategy(OffloadStrategy):
+class CpuPoolSide:
+    """What both hybrids share: the pinned pool, the split of a layer's misses between PCIe
+    and the CPU, the CPU's jobs, and the counters and cleanup of the pool."""
+
+    def _init_cpu(self, pool: CpuMoeExecutor, max_fetch: float, cpu_max_tokens: int,
+                  torch_threads_before: int | None) -> None:  # fmt: skip
+        self.pool = pool
+        self.max_fetch = max_fetch
+        self.cpu_max_tokens = cpu_max_tokens
+        self.experts_cpu_total = 0  # misses handed to the CPU (in the pool or inline)
+        self.cpu_threads: set[str] = set()  # names of the threads that ran the CPU's experts
+        self._torch_threads_before = torch_threads_before
+
+    def _forward_grouped(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        """Prefill (or a layer past the device work list): grouped on the host; the CPU's
+        experts start first, the device's are fetched and computed as offload's."""
+        groups = group_by_expert(topk_ids, topk_weights, self.store.num_experts)
+        self.expert_uses += len(groups)
+        on_device, on_cpu = self._split(layer, groups)
+        handle = self._submit_cpu(layer, x, topk_ids, topk_weights, on_cpu)  # before device work
+        out = torch.zeros_like(x)  # [T, D]
+        self.run_groups(layer, x, on_device, out)  # hits and fetches, exactly as offload
+        if handle is not None:
+            out += handle.wait().to(out.device, out.dtype)
+            self.cpu_threads |= handle.ran_on
+        return out
+
+    def _split(self, layer: int, groups: list[ExpertGroup]) -> tuple[list[ExpertGroup], list[int]]:
+        """-> (groups for the device: hits + fetched misses, experts for the CPU)."""
+        cpu = self._misses_for_cpu(layer, {g.expert: g.rows.numel() for g in groups})
+        hits = [g for g in groups if self.cache.slot_of(layer, g.expert) is not None]
+        misses = [g for g in groups if self.cache.slot_of(layer, g.expert) is None]
+        on_cpu = set(cpu)
+        return hits + [g for g in misses if g.expert not in on_cpu], cpu
+
+    def _misses_for_cpu(self, layer: int, tokens: dict[int, int]) -> list[int]:
+        """Of a layer's routed experts (expert -> tokens routed to it, in order), the cache
+        misses that split_misses leaves to the CPU; the other misses are fetched."""
+        misses = [e for e in tokens if self.cache.slot_of(layer, e) is None]
+        counts = [tokens[e] for e in misses]
+        return split_misses(misses, counts, self.max_fetch, self.cpu_max_tokens)[1]
+
+    def _submit_cpu(self, layer, x, topk_ids, topk_weights, experts) -> CpuMoeHandle | None:
+        if not experts:
+            return None
+        x_host = x.to("cpu")  # [T, D]: the layer's one copy of activations to the host
+        ids, weights = topk_ids.to("cpu"), topk_weights.to("cpu")  # [T, K] routing
+        jobs = expert_jobs(self.store.banks[layer], ids, weights, experts, self.fmt)
+        self.experts_cpu_total += len(jobs)
+        return self.pool.submit(x_host, jobs)
+
+    def pool_cores(self) -> list[int]:
+        return list(self.pool.cores)
+
+    def close(self) -> None:
+        self.pool.close()
+        if self._torch_threads_before is not None:  # give torch its cores back
+            torch.set_num_threads(self._torch_threads_before)
+            self._torch_threads_before = None
+
+
+class HybridStrategy(CpuPoolSide, OffloadStrategy):
     name = "hybrid"
 
     def __init__(
@@ -76,12 +152,7 @@ class HybridStrategy(OffloadStrategy):
         prefetch_window: int = 0,
     ):
         super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
-        self.pool = pool
-        self.max_fetch = max_fetch
-        self.cpu_max_tokens = cpu_max_tokens
-        self.experts_cpu_total = 0  # misses handed to the CPU (in the pool or inline)
-        self.cpu_threads: set[str] = set()  # names of the threads that ran the CPU's experts
-        self._torch_threads_before = torch_threads_before
+        self._init_cpu(pool, max_fetch, cpu_max_tokens, torch_threads_before)
         # the CPU's share of the layer at the last stop: [T, D] float32, read by `compute`
         shape, cuda = (MAX_DEVICE_PAIRS, store.hidden_size), torch.device(device).type == "cuda"
         self._cpu_share = torch.zeros(shape, dtype=torch.float32, device=device)
@@ -91,16 +162,7 @@ class HybridStrategy(OffloadStrategy):
     def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
         if self.decode_fits(topk_ids.numel()):  # offload's: prepare (one host sync), compute
             return super().forward(layer, x, topk_ids, topk_weights)
-        groups = group_by_expert(topk_ids, topk_weights, self.store.num_experts)
-        self.expert_uses += len(groups)
-        on_device, on_cpu = self._split(layer, groups)
-        handle = self._submit_cpu(layer, x, topk_ids, topk_weights, on_cpu)  # before device work
-        out = torch.zeros_like(x)  # [T, D]
-        self.run_groups(layer, x, on_device, out)  # hits and fetches, exactly as offload
-        if handle is not None:
-            out += handle.wait().to(out.device, out.dtype)
-            self.cpu_threads |= handle.ran_on
-        return out
+        return self._forward_grouped(layer, x, topk_ids, topk_weights)
 
     def prepare(self, layer: int, topk_ids: list[list[int]], x, topk_weights) -> None:
         tokens = Counter(e for row in topk_ids for e in row)  # expert -> tokens routed to it
@@ -140,30 +202,6 @@ class HybridStrategy(OffloadStrategy):
         share = self._cpu_share[: x.shape[0]]  # written at this layer's stop
         return (self.device_share(layer, x, topk_ids, topk_weights) + share).to(x.dtype)
 
-    def _split(self, layer: int, groups: list[ExpertGroup]) -> tuple[list[ExpertGroup], list[int]]:
-        """-> (groups for the device: hits + fetched misses, experts for the CPU)."""
-        cpu = self._misses_for_cpu(layer, {g.expert: g.rows.numel() for g in groups})
-        hits = [g for g in groups if self.cache.slot_of(layer, g.expert) is not None]
-        misses = [g for g in groups if self.cache.slot_of(layer, g.expert) is None]
-        on_cpu = set(cpu)
-        return hits + [g for g in misses if g.expert not in on_cpu], cpu
-
-    def _misses_for_cpu(self, layer: int, tokens: dict[int, int]) -> list[int]:
-        """Of a layer's routed experts (expert -> tokens routed to it, in order), the cache
-        misses that split_misses leaves to the CPU; the other misses are fetched."""
-        misses = [e for e in tokens if self.cache.slot_of(layer, e) is None]
-        counts = [tokens[e] for e in misses]
-        return split_misses(misses, counts, self.max_fetch, self.cpu_max_tokens)[1]
-
-    def _submit_cpu(self, layer, x, topk_ids, topk_weights, experts) -> CpuMoeHandle | None:
-        if not experts:
-            return None
-        x_host = x.to("cpu")  # [T, D]: the layer's one copy of activations to the host
-        ids, weights = topk_ids.to("cpu"), topk_weights.to("cpu")  # [T, K] routing
-        jobs = expert_jobs(self.store.banks[layer], ids, weights, experts, self.fmt)
-        self.experts_cpu_total += len(jobs)
-        return self.pool.submit(x_host, jobs)
-
     def counters(self) -> dict[str, int]:
         c, pool = self.cache, self.pool.stats
         return dict(
@@ -174,17 +212,120 @@ class HybridStrategy(OffloadStrategy):
             prefetch_hits=c.prefetch_hits,
         )  # fmt: skip
 
-    def pool_cores(self) -> list[int]:
-        return list(self.pool.cores)
 
-    def close(self) -> None:
-        self.pool.close()
-        if self._torch_threads_before is not None:  # give torch its cores back
-            torch.set_num_threads(self._torch_threads_before)
-            self._torch_threads_before = None
+class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
+    """`hybrid --moe-gates`: hybrid's split of the misses on offload's device gates. The step
+    is one graph the host follows (ft.engine.strategies.zero_copy); at a layer with misses
+    the host copies the fetched ones as offload does, and for the CPU's ones copies the
+    layer's input and weights back (on a side stream: the GPU waits at the gate, so they stay
+    put), runs them on the pool, writes their sum [T, D] into the layer's pinned row of
+    `share`, and only then opens the gate with CPU_SHARE. The plan skips the experts the table
+    marks ON_CPU and the sum adds the row; a gate that never opens (a stalled host) has the
+    marked experts read in place instead, so the result stays exact. A layer without a CPU
+    expert goes as offload's: kept, or through its gate."""
+
+    def __init__(
+        self, store, device, num_slots: int, pool: CpuMoeExecutor, max_fetch: float,
+        cpu_max_tokens: int = CPU_MAX_TOKENS, torch_threads_before: int | None = None,
+        prefetch_depth: int | tuple[int, int] = 2, prefetch_window: int = 0,
+    ):  # fmt: skip
+        super().__init__(store, device, num_slots, prefetch_depth, prefetch_window, gates=True)
+        self._init_cpu(pool, max_fetch, cpu_max_tokens, torch_threads_before)
+        cuda = torch.device(device).type == "cuda"
+        layers, shape = len(store.banks), (MAX_DEVICE_PAIRS, store.hidden_size)
+        # per layer: the CPU's sum of its experts, written by the host before it opens the gate
+        self._share = torch.zeros(layers, *shape, dtype=torch.float32, pin_memory=cuda)
+        self.share_rows = device_view(self._share, torch.device(device)) if cuda else self._share
+        self._shared = torch.zeros(layers, dtype=torch.int32, device=device)  # set by the plans
+        self._d2h = torch.cuda.Stream(device) if cuda else None  # the layer's input, back
+        self._host_buffers: dict[tuple, torch.Tensor] = {}  # pinned: where it lands
+
+    def device_share(self, layer, x, topk_ids, topk_weights, dtype=torch.float32):
+        """As offload's on gates, plus the CPU's share of the layer (the plan skips its
+        experts and tells the sum whether their row is written)."""
+        cache = self.cache
+        table = cache.slot_table[layer]
+        code = cache.code(layer, 0)
+        share = CpuShare(self.share_rows[layer], self._shared[layer : layer + 1])
+        gate = cache.opened[layer : layer + 1]
+        captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        kept = cache.kept[layer : layer + 1] if captured else None  # eager: opened already
+        in_place = InPlace(
+            cache.num_slots, self._in_place, cache.ready, code, gate=gate, kept=kept, share=share
+        )
+        blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
+        y = moe_pairs(x, cache.bank, blocks, self.kernel, self.fmt, self.store.banks[layer])
+        return reduce_pairs(blocks, y, x.shape[0], dtype, self.kernel, share)
+
+    def follow(self, layer, topk_ids, guesses, inputs=None) -> None:
+        """As offload's on gates; a layer with misses for the CPU needs `inputs` (its x and
+        weights, [T, D] and [T, K], where the device holds them until the gate opens)."""
+        tokens = Counter(e for row in topk_ids for e in row)  # expert -> tokens routed to it
+        experts = sorted(tokens)
+        self.expert_uses += len(experts)
+        cpu = self._misses_for_cpu(layer, {e: tokens[e] for e in experts})
+        handle = None
+        if cpu:  # the pool starts before the copies and guesses are queued
+            x, weights = self._inputs_on_host(inputs, len(topk_ids))
+            handle = self._submit_cpu(layer, x, torch.tensor(topk_ids), weights, cpu)
+        self.cache.follow(layer, experts, flat_guesses(guesses), on_cpu=cpu)
+        if handle is not None:  # the GPU waits at the gate meanwhile
+            result = handle.wait()
+            self.cpu_threads |= handle.ran_on
+            self._share[layer, : result.shape[0]].copy_(result)
+            self.cache.open(layer, CPU_SHARE)
+
+    def _inputs_on_host(self, inputs, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cut's x [T, D] and weights [T, K] on the host. On CUDA on a side stream with no
+        wait on the step's: they were written before the routing the host has read, and the
+        step, waiting at this layer's gate, cannot overwrite them."""
+        if inputs is None:
+            raise RuntimeError("hybrid on gates: a layer with CPU experts needs its inputs")
+        x, weights = inputs.x[:tokens], inputs.weights[:tokens]
+        if self._d2h is None:
+            return x, weights
+        host = [self._staging(k, t) for k, t in (("x", x), ("weights", weights))]
+        with torch.cuda.stream(self._d2h):
+            for dst, src in zip(host, (x, weights), strict=True):
+                dst.copy_(src, non_blocking=True)
+        self._d2h.synchronize()
+        return host[0], host[1]
+
+    def _staging(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A pinned host buffer shaped as `like`, made once per shape (a copy into pinned
+        memory is one DMA; pageable memory would be staged by the driver)."""
+        key = (name, tuple(like.shape), like.dtype)
+        buf = self._host_buffers.get(key)
+        if buf is None:
+            buf = self._host_buffers[key] = torch.empty(like.shape, dtype=like.dtype,
+                                                        pin_memory=True)  # fmt: skip
+        return buf
+
+    def forward(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        if not self.decode_fits(topk_ids.numel()):  # prefill: grouped, as host-stop hybrid's
+            return self._forward_grouped(layer, x, topk_ids, topk_weights)
+        # eager decode: the host follows first (a sync), then the layer reads its share
+        self.follow(layer, topk_ids.tolist(), [], Inputs(x, topk_weights))
+        return self.compute(layer, x, topk_ids, topk_weights)
+
+    def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
+        return self.device_share(layer, x, topk_ids, topk_weights, x.dtype)
+
+    def counters(self) -> dict[str, int]:
+        counts, pool = ZeroCopyOffloadStrategy.counters(self), self.pool.stats
+        counts.update(experts_cpu=pool.experts_in_pool, experts_cpu_inline=pool.experts_inline)
+        return counts
 
 
-def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float) -> HybridStrategy:
+@dataclass(frozen=True)
+class Inputs:
+    """A layer's MoE input and routing weights, where they are (eager decode's)."""
+
+    x: torch.Tensor
+    weights: torch.Tensor
+
+
+def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float):
     """Start the pinned pool, lower torch's threads, log both lines (DESIGN.md section 2)."""
     if get_format(config.expert_format).quantized:  # the pool multiplies with compiled kernels
         from ft.engine.formats import cpu_kernels  # numba: imported where it is used
@@ -197,7 +338,8 @@ def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float) -
         intermediate=store.intermediate_size, experts=store.num_experts,
         layers=len(store.moe_layers), top_k=top_k,
     )  # fmt: skip
-    return HybridStrategy(
+    kind = GatedHybridStrategy if config.gates else HybridStrategy
+    return kind(
         store, config.device, cache_size, pool, max_fetch, torch_threads_before=before,
         prefetch_depth=config.prefetch_depths, prefetch_window=config.prefetch_window,
     )  # fmt: skip

@@ -79,12 +79,13 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
         return self.run_blocks(x, cache.bank, blocks, self.store.banks[layer], dtype)
 
-    def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple]) -> None:
+    def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple], inputs=None):
         """The GPU has routed `layer` (ids [T][K]) and finished the layers before it; guesses:
-        (later layer, ids [T][K]) its router picked for the next layers, nearest first."""
+        (later layer, ids [T][K]) its router picked for the next layers, nearest first;
+        inputs: the layer's x and weights where the device holds them (hybrid's need)."""
         experts = sorted({e for row in topk_ids for e in row})
         self.expert_uses += len(experts)
-        self.cache.follow(layer, experts, _flat(guesses))
+        self.cache.follow(layer, experts, flat_guesses(guesses))
 
     def begin_step(self) -> None:
         self.cache.begin_step()
@@ -93,7 +94,7 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         self.cache.top_up()
 
     def guess_next_token(self, guesses: list[tuple]) -> None:
-        self.cache.guess_next_token(_flat(guesses))
+        self.cache.guess_next_token(flat_guesses(guesses))
 
     def device_counters(self) -> list[torch.Tensor]:
         return [self._in_place]
@@ -111,6 +112,6 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         )  # fmt: skip
 
 
-def _flat(guesses: list[tuple]) -> list[tuple[int, list[int]]]:
+def flat_guesses(guesses: list[tuple]) -> list[tuple[int, list[int]]]:
     """(layer, ids [T][K]) each -> (layer, the ids of every token in one list) each."""
     return [(layer, [e for row in ids for e in row]) for layer, ids in guesses]
