@@ -36,11 +36,11 @@ import torch
 from ft import settings
 from ft.engine.experts.store import HostExpertStore, expert_blocks
 
-_TYPESTR = {torch.int32: "<i4", torch.int64: "<i8"}
+_TYPESTR = {torch.int32: "<i4", torch.int64: "<i8", torch.float32: "<f4"}
 
 
 class _Pinned:
-    """The CUDA array interface of a pinned int32 or int64 host tensor: with unified
+    """The CUDA array interface of a pinned int32, int64 or float32 host tensor: with unified
     addressing, pinned pages' host address is also their device address."""
 
     def __init__(self, host: torch.Tensor):
