@@ -22,6 +22,13 @@ def cpu_moe_force_inline() -> bool:
     return os.environ.get("FT_CPU_MOE_INLINE", "") not in ("", "0", "false", "no")
 
 
+def cpu_moe_compute() -> str:
+    """FT_CPU_MOE_COMPUTE: how the CPU MoE pool multiplies unquantised experts: auto (default)
+    | float32 | native | compiled (ft.engine.cpu_moe_compute; quantised ones always compiled)."""
+    value = os.environ.get("FT_CPU_MOE_COMPUTE", "auto").lower()
+    return value if value in ("auto", "float32", "native", "compiled") else "auto"
+
+
 def moe_kernel() -> str:
     """FT_MOE_KERNEL: auto (Triton on CUDA when it imports, else torch) | torch (force torch)."""
     value = os.environ.get("FT_MOE_KERNEL", "auto").lower()

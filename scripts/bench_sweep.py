@@ -43,6 +43,7 @@ KEYS = (
     "experts_prefetched",
     "prefetch_hits",
     "experts_in_place",
+    "experts_cpu",
 )
 
 

@@ -11,13 +11,18 @@ is bound by arithmetic (DESIGN.md section 6). Whole fp32 copies of the store are
 would double host memory exactly where host memory holds every expert (the offload regime).
 "native" multiplies in the weights' own dtype and accumulates the outputs in fp32; measured on
 an AVX-512-BF16/AMX Xeon (one thread, H=2048, I=768, batch 1, blocks of 384 rows) it computes
-5.0 GB/s of expert bytes against 3.2 for the fp32 conversion. "auto" picks native where the CPU
-has bf16 dot products in hardware, float32 elsewhere.
+5.0 GB/s of expert bytes against 3.2 for the fp32 conversion.
 
 "compiled" multiplies straight from the expert's bytes with the format's compiled CPU kernels
 (ExpertFormat.rows_dot, ft/engine/formats/cpu_kernels.py), in float32, with the GIL released:
 no copy of the block, and the pool's threads never wait for each other's op dispatch. Quantised
-experts (int8, fp8_block, nvfp4) always take it; bf16 and float32 weights when asked.
+experts (int8, fp8_block, nvfp4) always take it; bf16 weights take one kernel call for the whole
+block (cpu_kernels.bf16_ffn_block), float32 ones the projection kernels. "auto" picks compiled
+for bf16 weights: a task of several torch ops hands the GIL back and forth at each of them, and
+on the H200 box's 15 threads that made one expert ~2x slower than on one thread; in one call
+the pool computes 1 expert in 1.6 ms against native's 4.2, 8 in 3.4 against 7.4 (round AZ in
+docs/perf.md). Other weights: native where the CPU has their dot products in hardware, float32
+elsewhere.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class Slice:
     form: ExpertFormat  # the job's expert format
     direct: bool  # bf16 parts already in the compute dtype: multiplied in place, no copy
     compiled: bool  # multiplied by the format's compiled kernels (rows_dot), x in float32
+    # bf16 weights, compiled: the whole block in one kernel call (cpu_kernels.bf16_ffn_block:
+    # its numpy operands, made once per job); None: the other paths
+    fused: tuple | None = None
 
 
 def expert_jobs(
@@ -89,18 +97,25 @@ def make_slices(
     xj = x.index_select(0, job.rows).to(compute)  # [n, D]
     scale = job.weights.to(compute)[:, None]  # [n, 1]
     dense = x.shape[0] == 1
+    fused = None
+    if compiled and weight_dtype == torch.bfloat16 and not form.quantized:
+        _check_parts(form, job.parts, x.shape[1], job.inter)  # the kernel does not check bounds
+        bits = [job.parts[k].view(torch.int16).numpy().view(np.uint16) for k in ("w13", "w2")]
+        fused = (xj.numpy(), *bits, job.inter, scale[:, 0].contiguous().numpy(), job.rows.numpy())
     return [
-        Slice(job, xj, scale, lo, hi, compute, lo == 0, dense, form, direct, compiled)
+        Slice(job, xj, scale, lo, hi, compute, lo == 0, dense, form, direct, compiled, fused)
         for lo, hi in blocks
     ]
 
 
 def uses_kernels(mode: str, form: ExpertFormat, weight_dtype: torch.dtype) -> bool:
     """Whether blocks go to the format's compiled kernels: always for quantised formats (they
-    have no other path); for bf16 / float32 weights only when asked ("compiled"): on the CI
-    box's pool they ran level with torch's native bf16 (docs/perf.md), and `ft bench bw`'s
-    isa_sweep measures all three on a box."""
-    return form.quantized or (mode == "compiled" and weight_dtype in COMPILED_FLOATS)
+    have no other path); for bf16 weights unless another mode is asked (the module's note);
+    for float32 weights when asked. `ft bench bw`'s isa_sweep measures the modes on a box."""
+    if form.quantized:
+        return True
+    auto_bf16 = mode == "auto" and weight_dtype == torch.bfloat16
+    return auto_bf16 or (mode == "compiled" and weight_dtype in COMPILED_FLOATS)
 
 
 @cache
@@ -124,6 +139,12 @@ def describe_compute(mode: str, form: ExpertFormat, weight_dtype: torch.dtype) -
 
 def run_slice(sl: Slice, acc: torch.Tensor, scratch: dict) -> None:
     """acc[rows] += weights * (the block's share of FFN(x[rows])); acc is [T, D] float32."""
+    if sl.fused is not None:  # one call: the GIL released once for the whole block
+        from ft.engine.formats import cpu_kernels
+
+        x, w13, w2, inter, scale, rows = sl.fused
+        cpu_kernels.bf16_ffn_block(x, w13, w2, sl.lo, sl.hi, inter, scale, rows, acc.numpy())
+        return
     if sl.compiled:
         _add(sl, acc, _compiled_block(sl))
         return

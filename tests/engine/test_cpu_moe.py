@@ -64,13 +64,23 @@ def test_pool_equals_reference_fp32(threads, tokens, min_slice):
 
 
 @pytest.mark.parametrize(
-    "compute,tol", [("float32", 1e-5), ("native", 3e-2), ("compiled", 1e-5), ("auto", 3e-2)]
-)  # compiled: float32 arithmetic on the bf16 weights
+    "compute,tol", [("float32", 1e-5), ("native", 3e-2), ("compiled", 1e-5), ("auto", 1e-5)]
+)  # compiled (auto's for bf16): float32 arithmetic on the bf16 weights, one kernel call a block
 def test_pool_bf16_weights(compute, tol):
     x, jobs = make_jobs(5, dtype=torch.bfloat16)
     with CpuMoeExecutor(threads=2, compute=compute, min_slice=4) as pool:
         out = pool.submit(x, jobs).wait()
     torch.testing.assert_close(out, ref_moe(x, jobs), rtol=tol, atol=tol)
+
+
+def test_auto_multiplies_bf16_weights_with_one_compiled_call_a_block():
+    from ft.engine.cpu_moe_compute import describe_compute
+    from ft.engine.formats import get_format
+
+    bf16 = get_format("bf16")
+    assert describe_compute("auto", bf16, torch.bfloat16) == "compiled float32"
+    assert describe_compute("native", bf16, torch.bfloat16) == "native bfloat16"
+    assert describe_compute("auto", bf16, torch.float32) == "float32"  # fp32 weights: as before
 
 
 def test_ffns_ran_on_pool_threads_only():

@@ -106,6 +106,29 @@ def nvfp4_rows(x, packed, table, r0, r1, c0, scales, scale_table, row_scale2, ou
         _dot_rows(w, x, out, r - r0)
 
 
+@njit(**_JIT)
+def bf16_ffn_block(x, w13, w2, lo, hi, inter, scale, rows, acc):
+    """acc[rows[t]] += scale[t] * (down[:, lo:hi] @ (silu(gate[lo:hi] x_t) * up[lo:hi] x_t)) for
+    each of the n tokens: one block [lo, hi) of I of a bf16 expert's FFN in ONE call, so a CPU
+    MoE task releases the GIL once (a task of several torch ops hands the GIL back and forth at
+    each of them: 15 threads on one expert ran ~2x slower than one, round AY in docs/perf.md).
+    x [n, D] float32; w13 [2I, D], w2 [D, I] the bf16 weights' uint16 bits; scale [n]
+    float32; rows [n] int64 into acc [T, D] float32."""
+    n, s = x.shape[0], hi - lo
+    gate = np.empty((n, s), np.float32)
+    up = np.empty((n, s), np.float32)
+    bf16_rows(x, w13, lo, hi, 0, gate)
+    bf16_rows(x, w13, inter + lo, inter + hi, 0, up)
+    for t in range(n):
+        for j in range(s):
+            a = gate[t, j]
+            gate[t, j] = a / (np.float32(1.0) + np.exp(-a)) * up[t, j] * scale[t]
+    y = np.empty((n, w2.shape[0]), np.float32)
+    bf16_rows(gate, w2, 0, w2.shape[0], lo, y)
+    for t in range(n):
+        acc[rows[t]] += y[t]
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel for the argument types the pool passes,
     so the first decode step does not pay for it."""
@@ -113,6 +136,8 @@ def warm_up() -> None:
     one, row = np.ones(1, np.float32), np.zeros(1, np.int64)
     float_rows(x, np.ones((1, 16), np.float32), 0, 1, 0, out)
     bf16_rows(x, np.zeros((1, 16), np.uint16), 0, 1, 0, out)
+    bf16_ffn_block(x, np.zeros((2, 16), np.uint16), np.zeros((16, 1), np.uint16), 0, 1, 1, one,
+                   row, np.zeros((1, 16), np.float32))  # fmt: skip
     int8_rows(x, np.zeros((1, 16), np.int8), 0, 1, 0, one, out)
     table_rows(x, np.zeros((1, 16), np.uint8), np.ones(256, np.float32), 0, 1, 0,
                np.ones((1, 1), np.float32), row, 128, out)  # fmt: skip

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ft import settings
 from ft.engine.cpu_moe import (
     CpuMoeExecutor,
     CpuMoeHandle,
@@ -331,7 +332,10 @@ def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float):
         from ft.engine.formats import cpu_kernels  # numba: imported where it is used
 
         cpu_kernels.warm_up()  # compiled (or loaded) now, not in the first decode step
-    pool = CpuMoeExecutor(threads=config.cpu_moe_threads, force_inline=config.cpu_moe_inline)
+    pool = CpuMoeExecutor(
+        threads=config.cpu_moe_threads, force_inline=config.cpu_moe_inline,
+        compute=settings.cpu_moe_compute(),
+    )  # fmt: skip
     before, _ = lower_torch_threads(pool.threads)
     log_ready(
         pool, fmt=config.expert_format, hidden=store.hidden_size,
