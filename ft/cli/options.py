@@ -110,12 +110,12 @@ class EngineFlags:
         bool | None,
         typer.Option(
             "--moe-gates/--no-moe-gates",
-            help="offload: decode as one graph per step whose MoE layers each wait on the "
-            "device (a gate in pinned memory) until the host has fetched their misses, the host "
-            "feeding the copy engine meanwhile; --no-moe-gates: a host sync and launch per "
-            "layer (host stops). Default: on for offload, unless --moe-zero-copy. On the "
-            "H200: 3-6% ahead of host stops at batch 1, ~7% at batch 4 (docs/perf.md). "
-            "hybrid (opt-in): its CPU's misses computed while the layer waits at its gate.",
+            help="offload and hybrid: decode as one graph per step whose MoE layers each wait "
+            "on the device (a gate in pinned memory) until the host has fetched their misses "
+            "(hybrid: and computed its CPU's share), the host feeding the copy engine "
+            "meanwhile; --no-moe-gates: a host sync and launch per layer (host stops). Default: "
+            "on, unless --moe-zero-copy. On the H200: offload 3-6% ahead of host stops at batch "
+            "1, ~7% at batch 4; hybrid 74-76% of its roofline against 57-63% (docs/perf.md).",
         ),
     ] = None
     pin_engine_thread: Annotated[

@@ -4,11 +4,11 @@ The step is cut where the MoE strategy needs the host, and each stretch between 
 captured once per (batch size, KV length bucket) and replayed:
 
     resident (graph_safe):        [embed, L0 .. L47, norm, lm_head]           1 graph
-    hybrid, offload --no-moe-gates [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
-    (host_stop):                  -host- ... [L47 experts, norm, lm_head]     49 graphs
-    offload (device gates, the    the same 49 stretches as 1 graph; the host
-    default), --moe-zero-copy     follows it, never stops it (gates: each MoE
-    (host_follows):               layer waits on the device for the host)
+    offload, hybrid               [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
+    --no-moe-gates (host_stop):   -host- ... [L47 experts, norm, lm_head]     49 graphs
+    offload, hybrid (device       the same 49 stretches as 1 graph; the host
+    gates, the default),          follows it, never stops it (gates: each MoE
+    --moe-zero-copy (host_follows): layer waits on the device for the host)
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
 misses (copies on the cache's stream) and writes their slots in the cache's slot table, which the

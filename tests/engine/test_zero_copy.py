@@ -79,13 +79,12 @@ def test_zero_copy_is_offload_s(settings, message):
         (dict(moe_strategy="offload"), True),  # offload's default (round AN)
         (dict(moe_strategy="offload", moe_gates=False), False),  # host stops
         (dict(moe_strategy="offload", moe_zero_copy=True), False),  # misses read in place
-        (dict(moe_strategy="hybrid"), False),  # its host stops stay its default
-        (dict(moe_strategy="hybrid", moe_gates=False), False),
-        (dict(moe_strategy="hybrid", moe_gates=True), True),  # opt-in: CPU experts at the gate
+        (dict(moe_strategy="hybrid"), True),  # its CPU experts at the gate (round AZ)
+        (dict(moe_strategy="hybrid", moe_gates=False), False),  # its host stops
         (dict(moe_strategy="resident"), False),
     ],
 )
-def test_gates_are_offload_s_default_unless_zero_copy_or_turned_off(settings, gates):
+def test_gates_are_offload_s_and_hybrid_s_default_unless_turned_off(settings, gates):
     assert EngineConfig(model="m", device="cpu", **settings).gates is gates
 
 
