@@ -2,17 +2,18 @@
 slots; the rest is computed on the CPU by the pinned CPU MoE executor, from the host store,
 overlapped with the fetches.
 
-Decode, per MoE layer, at offload's host stop (`prepare`, after the router's ids reach the host):
+On device gates (the default, GatedHybridStrategy) the step is offload's one graph the host
+follows; a layer's CPU experts run while the GPU waits at that layer's gate, and their sum
+reaches the device through a pinned row the layer's sum reads (below).
+
+With `--no-moe-gates` (HybridStrategy), decode, per MoE layer, at offload's host stop
+(`prepare`, after the router's ids reach the host):
 split the misses into fetch | cpu -> submit the CPU jobs first (the pool starts at once) ->
 fetch the device's experts into slots (copies on their own stream, as offload) -> wait for the
 CPU's result and copy it to a device buffer. `compute` (no host sync, so graphed decode replays
 it) runs the hits and fetched experts from their slots (the CPU's experts have none: skipped)
 and adds that buffer. Prefill groups on the host, with the same split.
 Legend: T = tokens, D = hidden, K = experts per token.
-
-On device gates (`--moe-gates`, GatedHybridStrategy) the step is offload's one graph the host
-follows; a layer's CPU experts run while the GPU waits at that layer's gate, and their sum
-reaches the device through a pinned row the layer's sum reads (below).
 """
 
 from __future__ import annotations
@@ -215,8 +216,8 @@ class HybridStrategy(CpuPoolSide, OffloadStrategy):
 
 
 class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
-    """`hybrid --moe-gates`: hybrid's split of the misses on offload's device gates. The step
-    is one graph the host follows (ft.engine.strategies.zero_copy); at a layer with misses
+    """`hybrid` (device gates, its default): hybrid's split of the misses on offload's gates.
+    The step is one graph the host follows (ft.engine.strategies.zero_copy); at a layer with misses
     the host copies the fetched ones as offload does, and for the CPU's ones copies the
     layer's input and weights back (on a side stream: the GPU waits at the gate, so they stay
     put), runs them on the pool, writes their sum [T, D] into the layer's pinned row of
@@ -328,14 +329,14 @@ class Inputs:
 
 def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float):
     """Start the pinned pool, lower torch's threads, log both lines (DESIGN.md section 2)."""
-    if get_format(config.expert_format).quantized:  # the pool multiplies with compiled kernels
+    compute = settings.cpu_moe_compute()
+    if get_format(config.expert_format).quantized or compute in ("auto", "compiled"):
         from ft.engine.formats import cpu_kernels  # numba: imported where it is used
 
-        cpu_kernels.warm_up()  # compiled (or loaded) now, not in the first decode step
+        cpu_kernels.warm_up()  # the pool's kernels compiled (or loaded) now, not in a decode step
     pool = CpuMoeExecutor(
-        threads=config.cpu_moe_threads, force_inline=config.cpu_moe_inline,
-        compute=settings.cpu_moe_compute(),
-    )  # fmt: skip
+        threads=config.cpu_moe_threads, force_inline=config.cpu_moe_inline, compute=compute
+    )
     before, _ = lower_torch_threads(pool.threads)
     log_ready(
         pool, fmt=config.expert_format, hidden=store.hidden_size,
