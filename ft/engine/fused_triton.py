@@ -159,10 +159,10 @@ def _wait_for_host(gate_ptr):
 def _gated_slots(key, ok, table_ptr, gate_ptr, kept_ptr):
     """Device gates: the slots of the layer's routed experts, read from the table once the host
     lets the layer go, and the gate's value (0: passed without it, or it never opened). A layer
-    whose slots the host keeps for the rest of the step (`kept`) goes
-    on at once where the table names a slot for every routed expert (the ready marks are still
-    checked); else it waits for the gate, which the host opens once it has queued the layer's
-    misses and named their slots. The table is read only after the flag or the gate has been
+    whose slots the host keeps for the rest of the step (`kept`) goes on at once where the
+    table names a slot for every routed expert (the ready marks are still checked); else it
+    waits for the gate, which the host opens once it has queued the layer's misses and named
+    their slots. The table is read only after the flag or the gate has been
     seen set (a branch on their value: the GPU issues no load past an unresolved branch), so a
     slot the host took before keeping the layer is never read as named."""
     slot = tl.full(key.shape, -1, tl.int32)
@@ -245,8 +245,8 @@ def plan_pairs(
     open it (it has then fetched the layer's misses: ft.engine.experts.zero_copy), unless the
     host keeps the layer's slots and the table names one for every routed expert (`_gated_slots`).
     uses (a device counter): += the distinct experts computed from a slot. Hybrid on gates
-    (in_place.cpu_shared): an expert the table marks ON_CPU is skipped where the host opened
-    the gate with CPU_SHARE (the CPU's sum of the layer is written; cpu_shared says so to the
+    (in_place.share): an expert the table marks ON_CPU is skipped where the host opened the
+    gate with CPU_SHARE (the CPU's sum of the layer is written; share.shared says so to the
     sum), else read in place like any miss (a gate that never opened: the result stays exact)."""
     P, K = ids.numel(), ids.shape[1]  # noqa: N806
     if in_place is None:  # its operands are never read: stand-ins

@@ -173,7 +173,8 @@ class ZeroCopyCache(ExpertCache):
                 self.misses_by_layer[layer] += len(missing)
                 if on_cpu:
                     self._mark_cpu(layer, on_cpu)
-                    missing = [e for e in missing if e not in set(on_cpu)]
+                    cpu = set(on_cpu)
+                    missing = [e for e in missing if e not in cpu]
                 missing = self._copy_now(layer, missing)  # left: no slot to be had
                 if not on_cpu:  # the table names the copies: the GPU may go on
                     self.open(layer)

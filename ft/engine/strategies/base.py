@@ -97,11 +97,12 @@ class MoeStrategy:
         """host_follows strategies: called at each poll while the host waits for the GPU's
         next routing."""
 
-    def run_blocks(self, x, bank, blocks: PairBlocks, host=None, dtype=torch.float32):
+    def run_blocks(self, x, bank, blocks: PairBlocks, host=None, dtype=torch.float32, share=None):
         """-> [T, D] in `dtype`: each token's pairs of the work list, computed from a bank of
-        slots (or in place from a `host` bank: moe_pairs) and summed in float32, no host sync."""
+        slots (or in place from a `host` bank: moe_pairs) and summed in float32, no host sync;
+        plus hybrid's CPU `share` of the layer where the plan found it written."""
         y = moe_pairs(x, bank, blocks, self.kernel, self.fmt, host)  # [P, D]
-        return reduce_pairs(blocks, y, x.shape[0], dtype, self.kernel)
+        return reduce_pairs(blocks, y, x.shape[0], dtype, self.kernel, share)
 
     def compute_groups(self, x, bank, groups, slots: list[int], out) -> None:
         """out += every group's experts, read from bank slots `slots`: one batched compute."""

@@ -39,10 +39,6 @@ from ft.engine.experts.grouped import (
     CPU_SHARE,
     MAX_DEVICE_PAIRS,
     CpuShare,
-    InPlace,
-    moe_pairs,
-    plan_blocks,
-    reduce_pairs,
 )
 from ft.engine.formats import get_format
 from ft.engine.strategies.offload import OffloadStrategy
@@ -242,22 +238,10 @@ class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
         self._d2h = torch.cuda.Stream(device) if cuda else None  # the layer's input, back
         self._host_buffers: dict[tuple, torch.Tensor] = {}  # pinned: where it lands
 
-    def device_share(self, layer, x, topk_ids, topk_weights, dtype=torch.float32):
-        """As offload's on gates, plus the CPU's share of the layer (the plan skips its
-        experts and tells the sum whether their row is written)."""
-        cache = self.cache
-        table = cache.slot_table[layer]
-        code = cache.code(layer, 0)
-        share = CpuShare(self.share_rows[layer], self._shared[layer : layer + 1])
-        gate = cache.opened[layer : layer + 1]
-        captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        kept = cache.kept[layer : layer + 1] if captured else None  # eager: opened already
-        in_place = InPlace(
-            cache.num_slots, self._in_place, cache.ready, code, gate=gate, kept=kept, share=share
-        )
-        blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
-        y = moe_pairs(x, cache.bank, blocks, self.kernel, self.fmt, self.store.banks[layer])
-        return reduce_pairs(blocks, y, x.shape[0], dtype, self.kernel, share)
+    def cpu_share(self, layer: int) -> CpuShare:
+        """The layer's pinned share row and the flag its plan sets for the sum (device_share:
+        the plan skips the experts marked ON_CPU where the gate opened with CPU_SHARE)."""
+        return CpuShare(self.share_rows[layer], self._shared[layer : layer + 1])
 
     def follow(self, layer, topk_ids, guesses, inputs=None) -> None:
         """As offload's on gates; a layer with misses for the CPU needs `inputs` (its x and
@@ -309,9 +293,6 @@ class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
         # eager decode: the host follows first (a sync), then the layer reads its share
         self.follow(layer, topk_ids.tolist(), [], Inputs(x, topk_weights))
         return self.compute(layer, x, topk_ids, topk_weights)
-
-    def compute(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
-        return self.device_share(layer, x, topk_ids, topk_weights, x.dtype)
 
     def counters(self) -> dict[str, int]:
         counts, pool = ZeroCopyOffloadStrategy.counters(self), self.pool.stats

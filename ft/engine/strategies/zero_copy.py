@@ -26,7 +26,7 @@ from functools import partial
 
 import torch
 
-from ft.engine.experts.grouped import InPlace, plan_blocks
+from ft.engine.experts.grouped import CpuShare, InPlace, plan_blocks
 from ft.engine.experts.zero_copy import ZeroCopyCache
 from ft.engine.strategies.base import MoeStrategy
 from ft.engine.strategies.offload import OffloadStrategy
@@ -69,15 +69,23 @@ class ZeroCopyOffloadStrategy(OffloadStrategy):
         """-> [T, D] in `dtype`: every routed expert, from its slot or in place from the host."""
         cache = self.cache
         table = cache.slot_table[layer]  # [E] expert -> slot, -1: none (read in place)
-        # a captured step (the one the host follows) waits at each layer's gate for the host
+        share = self.cpu_share(layer)
+        # a captured step (the one the host follows) waits at each layer's gate for the host;
+        # with a CPU share the gate is read eagerly too: its value says whether the row is written
         captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
         gated = self.gates and captured
-        gate = cache.opened[layer : layer + 1] if gated else None
+        gate = cache.opened[layer : layer + 1] if gated or share is not None else None
         kept = cache.kept[layer : layer + 1] if gated else None  # passed where nothing misses
         code = cache.code(layer, 0)
-        in_place = InPlace(cache.num_slots, self._in_place, cache.ready, code, gate=gate, kept=kept)
+        in_place = InPlace(
+            cache.num_slots, self._in_place, cache.ready, code, gate=gate, kept=kept, share=share
+        )
         blocks = plan_blocks(topk_ids, topk_weights, table, self.kernel, in_place)
-        return self.run_blocks(x, cache.bank, blocks, self.store.banks[layer], dtype)
+        return self.run_blocks(x, cache.bank, blocks, self.store.banks[layer], dtype, share)
+
+    def cpu_share(self, layer: int) -> CpuShare | None:
+        """The CPU's share of the layer that its sum adds (hybrid on gates); none here."""
+        return None
 
     def follow(self, layer: int, topk_ids: list[list[int]], guesses: list[tuple], inputs=None):
         """The GPU has routed `layer` (ids [T][K]) and finished the layers before it; guesses:
