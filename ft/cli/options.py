@@ -114,8 +114,9 @@ class EngineFlags:
             "on the device (a gate in pinned memory) until the host has fetched their misses "
             "(hybrid: and computed its CPU's share), the host feeding the copy engine "
             "meanwhile; --no-moe-gates: a host sync and launch per layer (host stops). Default: "
-            "on, unless --moe-zero-copy. On the H200: offload 3-6% ahead of host stops at batch "
-            "1, ~7% at batch 4; hybrid 74-76% of its roofline against 57-63% (docs/perf.md).",
+            "on, unless --moe-zero-copy (hybrid: on CUDA only). On the H200: offload 3-6% "
+            "ahead of host stops at batch 1, ~7% at batch 4; hybrid 74-76% of its roofline "
+            "against 57-63% (docs/perf.md).",
         ),
     ] = None
     pin_engine_thread: Annotated[

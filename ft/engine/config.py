@@ -314,11 +314,16 @@ class EngineConfig:
         stop per layer (--no-moe-gates). The default since round AN (docs/perf.md): with the
         copy engine fed between routings, 3-6% ahead of host stops at batch 1 and ~7% at
         batch 4 on the H200 box; zero-copy is the other way to meet a miss, so not with it.
-        hybrid too since round AZ (GatedHybridStrategy: the CPU's experts run while their layer
-        waits at its gate): 110.8-120.1 tok/s at b1, 74-76% of its roofline, where its host
-        stops made 91-102 (57-63%, rounds AV, AY)."""
+        hybrid too on CUDA since round AZ (GatedHybridStrategy: the CPU's experts run while
+        their layer waits at its gate): 110.8-120.1 tok/s at b1, 74-76% of its roofline, where
+        its host stops made 91-102 (57-63%, rounds AV, AY). On the CPU, where nothing is
+        graphed, hybrid keeps its host stops unless asked: there gates made the demo's hybrid
+        runs noisier (its bisect took ~150 s and named no culprit in 2 of 3 runs, against
+        ~100 s and none missed on host stops; 2-core CI box, docs/perf.md round AZ)."""
         if self.moe_strategy not in ("offload", "hybrid") or self.zero_copy:
             return False
+        if self.moe_strategy == "hybrid" and self.device != "cuda":
+            return bool(self.moe_gates)
         return self.moe_gates is not False
 
     def describe(self) -> str:

@@ -51,8 +51,8 @@ def test_engine_config_defaults_resolve():
         (dict(moe_strategy="offload"), (3, 2)),  # device gates: 3 at batch 1 (round AU)
         (dict(moe_strategy="offload", moe_gates=False), (2, 2)),  # host stops
         (dict(moe_strategy="offload", moe_zero_copy=True), (2, 2)),
-        (dict(moe_strategy="hybrid"), (3, 2)),  # on gates too (round AZ)
-        (dict(moe_strategy="hybrid", moe_gates=False), (2, 2)),  # its host stops
+        (dict(moe_strategy="hybrid"), (2, 2)),  # on the CPU: its host stops by default
+        (dict(moe_strategy="hybrid", moe_gates=True), (3, 2)),  # on gates (CUDA's default)
         (dict(moe_strategy="offload", moe_prefetch_depth="3"), (3, 3)),  # as the CLI gives it
         (dict(moe_strategy="offload", moe_prefetch_depth=1), (1, 1)),
         (dict(moe_strategy="offload", moe_prefetch=False), (0, 0)),
@@ -101,7 +101,7 @@ def test_model_config_rejects(raw, message):
     "strategy, zero_copy, gates, given, window",
     [
         ("offload", None, None, None, 2), ("offload", True, None, None, 8),
-        ("hybrid", None, None, None, 2), ("hybrid", None, False, None, 0),  # gates, host stops
+        ("hybrid", None, True, None, 2), ("hybrid", None, None, None, 0),  # gates, host stops
         ("offload", None, None, 0, 0), ("offload", True, None, 3, 3), ("hybrid", None, None, 3, 3),
     ],
 )  # fmt: skip

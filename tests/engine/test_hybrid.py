@@ -109,11 +109,11 @@ def test_hybrid_equals_resident_and_counters_add_up(synth_tiny, resident_ids, ma
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("max_fetch,slots", [(0.0, 4), (0.3, 12), (1.0, 12)])
 def test_hybrid_on_gates_equals_resident(synth_tiny, resident_ids, max_fetch, slots):
-    """Eager decode on gates (hybrid's default): the host follows each layer first, the CPU's
-    misses marked in the table and summed into the layer's share row, the gate opened with
-    CPU_SHARE."""
+    """Eager decode on gates (hybrid's default on CUDA): the host follows each layer first, the
+    CPU's misses marked in the table and summed into the layer's share row, the gate opened
+    with CPU_SHARE."""
     want, uses = resident_ids
-    engine = hybrid(synth_tiny[0], max_fetch, slots)
+    engine = hybrid(synth_tiny[0], max_fetch, slots, moe_gates=True)
     try:
         assert type(engine.strategy).__name__ == "GatedHybridStrategy"
         assert run_all(engine, PROMPTS, GREEDY) == want

@@ -79,13 +79,23 @@ def test_zero_copy_is_offload_s(settings, message):
         (dict(moe_strategy="offload"), True),  # offload's default (round AN)
         (dict(moe_strategy="offload", moe_gates=False), False),  # host stops
         (dict(moe_strategy="offload", moe_zero_copy=True), False),  # misses read in place
-        (dict(moe_strategy="hybrid"), True),  # its CPU experts at the gate (round AZ)
-        (dict(moe_strategy="hybrid", moe_gates=False), False),  # its host stops
+        (dict(moe_strategy="hybrid"), False),  # on the CPU: its host stops by default
+        (dict(moe_strategy="hybrid", moe_gates=True), True),  # its CPU experts at the gate
         (dict(moe_strategy="resident"), False),
     ],
 )
 def test_gates_are_offload_s_and_hybrid_s_default_unless_turned_off(settings, gates):
     assert EngineConfig(model="m", device="cpu", **settings).gates is gates
+
+
+@pytest.mark.parametrize("moe_gates, gates", [(None, True), (False, False)])
+def test_hybrid_decodes_on_gates_by_default_on_cuda(monkeypatch, moe_gates, gates):
+    import ft.engine.config as config
+
+    monkeypatch.setattr(config, "_resolve_device", lambda device: device)  # no GPU needed
+    hybrid = EngineConfig(model="m", device="cuda", moe_strategy="hybrid", moe_gates=moe_gates)
+    assert hybrid.gates is gates
+    assert hybrid.prefetch_depths == ((3, 2) if gates else (2, 2))
 
 
 def test_a_slot_not_ready_is_read_in_place_and_counted_once():

@@ -2,8 +2,8 @@
 slots; the rest is computed on the CPU by the pinned CPU MoE executor, from the host store,
 overlapped with the fetches.
 
-On device gates (the default, GatedHybridStrategy) the step is offload's one graph the host
-follows; a layer's CPU experts run while the GPU waits at that layer's gate, and their sum
+On device gates (the default on CUDA, GatedHybridStrategy) the step is offload's one graph the
+host follows; a layer's CPU experts run while the GPU waits at that layer's gate, and their sum
 reaches the device through a pinned row the layer's sum reads (below).
 
 With `--no-moe-gates` (HybridStrategy), decode, per MoE layer, at offload's host stop
@@ -212,11 +212,11 @@ class HybridStrategy(CpuPoolSide, OffloadStrategy):
 
 
 class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
-    """`hybrid` (device gates, its default): hybrid's split of the misses on offload's gates.
-    The step is one graph the host follows (ft.engine.strategies.zero_copy); at a layer with misses
-    the host copies the fetched ones as offload does, and for the CPU's ones copies the
-    layer's input and weights back (on a side stream: the GPU waits at the gate, so they stay
-    put), runs them on the pool, writes their sum [T, D] into the layer's pinned row of
+    """`hybrid` on device gates (its default on CUDA): hybrid's split of the misses on offload's
+    gates. The step is one graph the host follows (ft.engine.strategies.zero_copy); at a layer
+    with misses the host copies the fetched ones as offload does, and for the CPU's ones copies
+    the layer's input and weights back (on a side stream: the GPU waits at the gate, so they
+    stay put), runs them on the pool, writes their sum [T, D] into the layer's pinned row of
     `share`, and only then opens the gate with CPU_SHARE. The plan skips the experts the table
     marks ON_CPU and the sum adds the row; a gate that never opens (a stalled host) has the
     marked experts read in place instead, so the result stays exact. A layer without a CPU
