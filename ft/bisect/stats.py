@@ -1,20 +1,26 @@
 """Rank tests on raw samples (Chromium Pinpoint's way): same / different / unknown.
 
 A commit is compared with BOTH endpoints. Its median's place on the way from GOOD's median (0)
-to BAD's (1) says which it looks like; the rank test against the other endpoint says whether
-that is more than noise. BAD = in the last third and significantly different from GOOD; GOOD
-symmetrically; otherwise UNKNOWN, and the driver doubles its samples up to --max-repeats (a
-commit that stays in the middle third is a partial change: it stays UNKNOWN). "Not different
-from the near endpoint" is deliberately not required: with many samples any commit differs a
-little from an endpoint measured a few times.
+to BAD's (1), on a log scale, says which it looks like; the rank test against the other
+endpoint says whether that is more than noise. BAD = in the last third and significantly
+different from GOOD; GOOD symmetrically; otherwise UNKNOWN, and the driver doubles its samples
+up to --max-repeats (a commit that stays in the middle third is a partial change: it stays
+UNKNOWN). "Not different from the near endpoint" is deliberately not required: with many
+samples any commit differs a little from an endpoint measured a few times.
 
 Mann-Whitney U needs no normality and shrugs off the odd outlier a busy box produces; the
 price is that tiny samples can never be significant (3 vs 3 gives at best p = 0.1), which is
 why the endpoints, reused by every comparison, get twice the repeats.
+
+The place is measured on a log scale because speed changes multiply: on a 7x regression
+(145 -> 17 tok/s) a good commit whose server happens to run 30% slow (98 tok/s, as a 2-core CI
+box gave) sits a third of the way along a straight line, but a fifth of the way in ratios.
+For small changes the two scales agree.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import warnings
 from collections.abc import Sequence
@@ -71,8 +77,13 @@ def classify(
 
 
 def position(x: float, good: float, bad: float) -> float:
-    """Where x sits on the way from good (0) to bad (1); beyond the ends is < 0 or > 1."""
-    return (x - good) / (bad - good) if bad != good else 0.5
+    """Where x sits on the way from good (0) to bad (1), in ratios where all three are
+    positive (else in differences); beyond the ends is < 0 or > 1."""
+    if bad == good:
+        return 0.5
+    if min(x, good, bad) > 0:
+        return math.log(x / good) / math.log(bad / good)
+    return (x - good) / (bad - good)
 
 
 @dataclass(frozen=True)

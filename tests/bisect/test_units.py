@@ -59,6 +59,17 @@ def test_a_good_commit_stays_good_however_many_samples_it_gets():
     assert classify(xs, GOOD, BAD).verdict == Verdict.GOOD
 
 
+def test_a_slow_run_of_a_good_commit_is_good_on_a_large_regression():
+    # seen in CI (2-core box): endpoints 145 vs 17 tok/s, a good commit's server at ~98 tok/s;
+    # a third of the way on a straight line (unknown), a fifth of the way in ratios
+    good = [150.2, 144.7, 139.8, 146.1, 141.0, 148.3]
+    bad = [16.8, 17.5, 16.1, 15.9, 17.2, 16.5]
+    slow = [112.4, 108.2, 109.9, 107.4, 79.4, 89.5, 71.1, 99.1, 91.4, 114.5, 97.4, 100.6]
+    assert classify(slow, good, bad).verdict == Verdict.GOOD
+    assert classify([40.1, 38.7, 41.9, 39.5], good, bad).verdict == Verdict.UNKNOWN  # halfway
+    assert classify([24.0, 22.9, 25.3, 23.8], good, bad).verdict == Verdict.BAD
+
+
 def test_verdicts_against_both_endpoints():
     assert classify([99.0, 100.5, 98.2], GOOD, BAD).verdict == Verdict.GOOD
     assert classify([79.0, 81.5, 80.2], GOOD, BAD).verdict == Verdict.BAD
