@@ -33,6 +33,7 @@ from ft.engine.cpu_moe import (
     log_ready,
     lower_torch_threads,
 )
+from ft.engine.cpu_moe_compute import uses_kernels
 from ft.engine.experts.cache import device_view
 from ft.engine.experts.dispatch import ExpertGroup, group_by_expert
 from ft.engine.experts.grouped import (
@@ -40,7 +41,6 @@ from ft.engine.experts.grouped import (
     MAX_DEVICE_PAIRS,
     CpuShare,
 )
-from ft.engine.formats import get_format
 from ft.engine.strategies.offload import OffloadStrategy
 from ft.engine.strategies.zero_copy import ZeroCopyOffloadStrategy, flat_guesses
 
@@ -311,7 +311,7 @@ class Inputs:
 def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float):
     """Start the pinned pool, lower torch's threads, log both lines (DESIGN.md section 2)."""
     compute = settings.cpu_moe_compute()
-    if get_format(config.expert_format).quantized or compute in ("auto", "compiled"):
+    if uses_kernels(compute, store.format, store.parts["w13"].dtype):  # the pool's own choice
         from ft.engine.formats import cpu_kernels  # numba: imported where it is used
 
         cpu_kernels.warm_up()  # the pool's kernels compiled (or loaded) now, not in a decode step
