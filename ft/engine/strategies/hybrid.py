@@ -108,6 +108,14 @@ class CpuPoolSide:
         on_cpu = set(cpu)
         return hits + [g for g in misses if g.expert not in on_cpu], cpu
 
+    def _route(self, layer: int, topk_ids: list[list[int]]) -> tuple[list[int], list[int]]:
+        """A decode layer's routed experts (sorted; counted in expert_uses) and the misses
+        among them that split_misses leaves to the CPU."""
+        tokens = Counter(e for row in topk_ids for e in row)  # expert -> tokens routed to it
+        routed = sorted(tokens)
+        self.expert_uses += len(routed)
+        return routed, self._misses_for_cpu(layer, {e: tokens[e] for e in routed})
+
     def _misses_for_cpu(self, layer: int, tokens: dict[int, int]) -> list[int]:
         """Of a layer's routed experts (expert -> tokens routed to it, in order), the cache
         misses that split_misses leaves to the CPU; the other misses are fetched."""
@@ -163,10 +171,7 @@ class HybridStrategy(CpuPoolSide, OffloadStrategy):
         return self._forward_grouped(layer, x, topk_ids, topk_weights)
 
     def prepare(self, layer: int, topk_ids: list[list[int]], x, topk_weights) -> None:
-        tokens = Counter(e for row in topk_ids for e in row)  # expert -> tokens routed to it
-        routed = sorted(tokens)
-        self.expert_uses += len(routed)
-        cpu = self._misses_for_cpu(layer, {e: tokens[e] for e in routed})  # ensure fetches the rest
+        routed, cpu = self._route(layer, topk_ids)  # ensure fetches the other misses
         handle = None
         if cpu:  # the pool starts first; the ids [T, K] are on the host already
             handle = self._submit_cpu(layer, x, torch.tensor(topk_ids), topk_weights, cpu)
@@ -246,10 +251,7 @@ class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
     def follow(self, layer, topk_ids, guesses, inputs=None) -> None:
         """As offload's on gates; a layer with misses for the CPU needs `inputs` (its x and
         weights, [T, D] and [T, K], where the device holds them until the gate opens)."""
-        tokens = Counter(e for row in topk_ids for e in row)  # expert -> tokens routed to it
-        experts = sorted(tokens)
-        self.expert_uses += len(experts)
-        cpu = self._misses_for_cpu(layer, {e: tokens[e] for e in experts})
+        experts, cpu = self._route(layer, topk_ids)
         handle = None
         if cpu:  # the pool starts before the copies and guesses are queued
             x, weights = self._inputs_on_host(inputs, len(topk_ids))
