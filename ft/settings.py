@@ -24,7 +24,7 @@ def cpu_moe_force_inline() -> bool:
 
 def cpu_moe_compute() -> str:
     """FT_CPU_MOE_COMPUTE: how the CPU MoE pool multiplies unquantised experts: auto (default)
-    | float32 | native | compiled (ft.engine.cpu_moe_compute; quantised ones always compiled)."""
+    | float32 | native | compiled (ft.engine.cpu.compute; quantised ones always compiled)."""
     value = os.environ.get("FT_CPU_MOE_COMPUTE", "auto").lower()
     return value if value in ("auto", "float32", "native", "compiled") else "auto"
 

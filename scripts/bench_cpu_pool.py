@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ft.engine.cpu_moe import CpuMoeExecutor, ExpertJob
-from ft.engine.cpu_moe_threads import pick_cores, pin_to_core
-from ft.engine.formats import cpu_kernels
+from ft.engine.cpu.pool import CpuMoeExecutor, ExpertJob
+from ft.engine.cpu.threads import pick_cores, pin_to_core
+from ft.engine.cpu import kernels as cpu_kernels
 
 D, INTER = 2048, 768
 EXPERT_BYTES = 3 * D * INTER * 2

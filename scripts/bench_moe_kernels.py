@@ -88,7 +88,7 @@ def routings(tokens: int, top_k: int, experts: int):
 
 def time_case(x, bank, fmt: str, work, iters: int) -> dict:
     """-> microseconds per call, eager and from a CUDA graph of one pass over `work`."""
-    from ft.engine.experts.triton_moe import triton_moe_pairs
+    from ft.engine.kernels.moe import triton_moe_pairs
 
     def one_pass():
         for blocks, _ in work:
@@ -137,7 +137,7 @@ def cases(args):
 
 def tile_variants(fmt: str, sweep: bool):
     """-> [(which, gate/up tiles, down tiles)]: the defaults, then one kernel's alternatives."""
-    from ft.engine.experts import triton_moe
+    from ft.engine.kernels import moe as triton_moe
 
     gu, dn = triton_moe.TILES[fmt]
     out = [("default", gu, dn)]
@@ -154,7 +154,7 @@ def tile_variants(fmt: str, sweep: bool):
 
 
 def run(args) -> None:
-    from ft.engine.experts import triton_moe
+    from ft.engine.kernels import moe as triton_moe
 
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     meta["triton"] = __import__("triton").__version__

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ft.engine.config import EngineConfig
-from ft.engine.model import route
+from ft.engine.model.decoder import route
 from ft.engine.runner import LLMEngine, SamplingParams
 
 

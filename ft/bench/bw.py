@@ -27,10 +27,10 @@ from ft.bench.bw_links import (
     pcie_linear_gbs,
     timed,
 )
-from ft.bench.profile import DEFAULT_THRESHOLD, VERSION, apply_rules, check
-from ft.engine.cpu_moe import CpuMoeExecutor, ExpertJob
-from ft.engine.cpu_moe_compute import describe_compute
+from ft.engine.cpu.compute import describe_compute
+from ft.engine.cpu.pool import CpuMoeExecutor, ExpertJob
 from ft.errors import FtError
+from ft.profile import DEFAULT_THRESHOLD, VERSION, apply_rules, check
 
 NO_GPU_NOTE = "no CUDA GPU: PCIe not measured, so hybrid cannot be recommended"
 

@@ -101,7 +101,8 @@ def run_decode_bench(cfg: DecodeBenchConfig, progress: Progress = lambda *_: Non
     if cfg.peer:
         from ft.bench.peer import run_accelerate
 
-        results += run_accelerate(cfg, base, progress)
+        same = {b: prompts(shape.vocab_size, b, cfg.prompt_len) for b in cfg.batches}
+        results += run_accelerate(cfg, base, same, progress)
     return _report(cfg, base, bw, shape, results)
 
 
@@ -118,14 +119,14 @@ def _release_host_memory() -> None:
 def _load_store(base):
     from ft.engine.builder import DTYPES
     from ft.engine.config import ModelConfig
-    from ft.engine.loader import CheckpointReader, load_experts
+    from ft.engine.model.loader import CheckpointReader, load_experts
 
     shape = ModelConfig.from_dir(base.model)
     return load_experts(CheckpointReader(base.model), shape, DTYPES[base.dtype]), shape
 
 
 def _profile_data(path: str | None) -> dict | None:
-    from ft.bench.profile import default_path, load_profile
+    from ft.profile import default_path, load_profile
 
     if path is None and not default_path().is_file():
         return None  # no profile yet: the bench still runs, with a note
@@ -196,7 +197,7 @@ def prompts(vocab: int, batch: int, length: int) -> list[list[int]]:
 
 
 def _measure(engine, strategy, batch, cfg, shape, store, bw, progress) -> dict:
-    from ft.engine.sampling import SamplingParams
+    from ft.engine.model.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=cfg.warmup + cfg.tokens + 1, ignore_eos=True)
     for prompt in prompts(shape.vocab_size, batch, cfg.prompt_len):

@@ -26,7 +26,7 @@ COPY_RELEASE_US = 8.0
 def trace_decode(engine, prompts: list[list[int]], out_dir: Path, name: str) -> dict:
     """Prefill `prompts`, then profile TRACE_STEPS decode steps; -> file paths and counts, and
     on CUDA the device `timeline` (us per step)."""
-    from ft.engine.sampling import SamplingParams
+    from ft.engine.model.sampling import SamplingParams
 
     out_dir.mkdir(parents=True, exist_ok=True)
     params = SamplingParams(max_tokens=TRACE_STEPS + 2, ignore_eos=True)

@@ -17,8 +17,9 @@ from ft.errors import FtError
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def run_accelerate(cfg, base, progress) -> list[dict]:
-    """One result per batch size, shaped like the engine's rows (no roofline: no counters)."""
+def run_accelerate(cfg, base, prompts: dict[int, list[list[int]]], progress) -> list[dict]:
+    """One result per batch size, shaped like the engine's rows (no roofline: no counters).
+    `prompts`: batch size -> the token ids the engine decoded at that batch."""
     progress("accelerate: loading the checkpoint with transformers", 0)
     try:
         model = load_peer_model(cfg.model, base.device, base.dtype, cfg.gpu_memory_limit)
@@ -26,7 +27,10 @@ def run_accelerate(cfg, base, progress) -> list[dict]:
         progress("accelerate: skipped", len(cfg.batches) * (cfg.warmup + cfg.tokens))
         return [_row(b, None, error=str(exc).split("\n")[0]) for b in cfg.batches]
     try:
-        return [_row(b, *_measure(model, b, cfg, base.device, progress), None) for b in cfg.batches]
+        return [
+            _row(b, *_measure(model, prompts[b], cfg, base.device, progress), None)
+            for b in cfg.batches
+        ]
     finally:
         del model
         gc.collect()
@@ -52,11 +56,11 @@ def load_peer_model(model_dir: str, device: str, dtype: str, gpu_memory_limit: f
 
 
 @torch.inference_mode()
-def _measure(model, batch: int, cfg, base_device: str, progress) -> tuple[list[float], dict]:
-    from ft.bench.decode import prompts
-
+def _measure(model, prompts: list[list[int]], cfg, base_device: str, progress):
+    """-> (seconds of each timed decode step, placement)."""
     device = torch.device(base_device)  # accelerate's hooks move inputs where each module runs
-    ids = torch.tensor(prompts(model.config.vocab_size, batch, cfg.prompt_len), device=device)
+    ids = torch.tensor(prompts, device=device)
+    batch = len(prompts)
     cache_arg = _cache_argument(model)
     out = model(input_ids=ids, use_cache=True)  # prefill, not timed
     seconds = []

@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from ft.bench.profile import DEFAULT_THRESHOLD, Profile, default_path
 from ft.cli.bench import bench_app
 from ft.cli.profile import render_profile
+from ft.profile import DEFAULT_THRESHOLD, Profile, default_path
 from ft.report import write_json_atomic
 
 

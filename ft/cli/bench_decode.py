@@ -61,7 +61,7 @@ def bench_decode(
 ) -> None:
     """Decode tok/s per strategy and batch, the roofline of each run, and measured/roofline."""
     from ft.bench.decode import DecodeBenchConfig, available_strategies
-    from ft.engine.synth import builtin_tiny
+    from ft.engine.synth.checkpoint import builtin_tiny
 
     names = tuple(s.strip() for s in strategies.split(",")) if strategies else None
     cfg = DecodeBenchConfig(

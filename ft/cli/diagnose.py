@@ -13,7 +13,7 @@ import typer
 
 from ft.errors import FtError
 
-_ENGINE_MODULES = ("ft.engine.server", "ft.bench.workload")
+_ENGINE_MODULES = ("ft.engine.serve.server", "ft.bench.workload")
 
 
 def register(app: typer.Typer) -> None:

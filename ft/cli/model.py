@@ -45,7 +45,7 @@ def synth(
     from rich.console import Console
     from rich.progress import Progress
 
-    from ft.engine.synth import synth_checkpoint
+    from ft.engine.synth.checkpoint import synth_checkpoint
 
     with Progress(console=Console(stderr=True), transient=True, disable=json_out) as progress:
         task = progress.add_task(f"synth {preset} -> {out}", total=None)

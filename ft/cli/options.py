@@ -168,7 +168,7 @@ class EngineFlags:
     def config(self, **overrides: Any):
         """The EngineConfig for these flags; no --model means the built-in tiny model."""
         from ft.engine.config import EngineConfig
-        from ft.engine.synth import builtin_tiny
+        from ft.engine.synth.checkpoint import builtin_tiny
 
         flags = replace(self, **overrides)
         values = {f.name: getattr(flags, f.name) for f in fields(flags)}

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ft.bench.profile import Profile, decide, load_profile
+from ft.profile import Profile, decide, load_profile
 
 profile_app = typer.Typer(
     help="Bandwidth profiles (written by `ft bench bw`).", no_args_is_help=True

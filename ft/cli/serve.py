@@ -1,4 +1,4 @@
-"""`ft serve`: the OpenAI-compatible server over the engine (ft/engine/server.py)."""
+"""`ft serve`: the OpenAI-compatible server over the engine (ft/engine/serve/server.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def serve(
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     from ft.engine.runner import LLMEngine
-    from ft.engine.server import bind_socket, run_server
+    from ft.engine.serve.server import bind_socket, run_server
 
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     try:

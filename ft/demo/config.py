@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ft.errors import FtError
 
-MODEL_PRESET = "demo"  # ft/engine/presets.py: 4 layers x 64 experts, H=256, I=256
+MODEL_PRESET = "demo"  # ft/engine/model/presets.py: 4 layers x 64 experts, H=256, I=256
 MODEL_DTYPE = "bfloat16"  # the seed's expert format; the store stays bf16 on the CPU too
 CACHE_RATE = 0.1  # expert cache slots / all experts: every decode step misses, hybrid splits
 DEVICES = ("cpu", "cuda")

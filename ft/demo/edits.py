@@ -154,7 +154,7 @@ BEFORE = (
         1,
         (
             replace(
-                "ft/engine/cpu_moe.py", "computed outside the pool, on", "ran outside the pool, on"
+                "ft/engine/cpu/pool.py", "computed outside the pool, on", "ran outside the pool, on"
             ),
         ),
     ),

@@ -28,8 +28,8 @@ class ProfileChoice:
 
 def demo_model(say: Say) -> Path:
     """The `demo` preset (bf16), made once in FT_CACHE_DIR/models/demo-HASH and reused."""
-    from ft.engine.presets import PRESETS
-    from ft.engine.synth import synth_checkpoint
+    from ft.engine.model.presets import PRESETS
+    from ft.engine.synth.checkpoint import synth_checkpoint
 
     shape = json.dumps([PRESETS[MODEL_PRESET], MODEL_DTYPE], sort_keys=True)
     digest = hashlib.sha256(shape.encode()).hexdigest()[:8]  # a changed preset: a new model
@@ -52,7 +52,7 @@ def measure_profile(config: DemoConfig, say: Say) -> ProfileChoice:
     """`ft bench bw --quick --formats bf16` into OUT/benchbw.json; also the user's default
     profile only where there is none."""
     from ft.bench.bw import BwConfig, run_bw
-    from ft.bench.profile import default_path
+    from ft.profile import default_path
 
     default = default_path()
     wrote_default = not default.exists()

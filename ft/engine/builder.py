@@ -8,29 +8,29 @@ from dataclasses import dataclass
 import torch
 
 from ft import settings
-from ft.engine.attention import KVCache, Rope
 from ft.engine.config import EngineConfig, ModelConfig
 from ft.engine.experts.grouped import pick_backend
 from ft.engine.experts.store import HostExpertStore
-from ft.engine.loader import CheckpointReader, load_dense, load_experts
 from ft.engine.memory import (
     GIB,
     cap_device_memory,
     check_resident_fits,
     memory_budget,
+    plan_kv,
     resolve_cache_size,
     tensor_bytes,
 )
-from ft.engine.model import MoeModel
+from ft.engine.model.attention import KVCache, Rope
+from ft.engine.model.decoder import MoeModel
+from ft.engine.model.loader import CheckpointReader, load_dense, load_experts
+from ft.engine.model.tokenizer import load_tokenizer, stop_token_ids
 from ft.engine.resolve import resolve_max_fetch, resolve_strategy
 from ft.engine.strategies import MoeStrategy, build_strategy
-from ft.engine.tokenizer import load_tokenizer, stop_token_ids
 from ft.errors import FtError
 from ft.log import get_logger
 
 log = get_logger("ft.engine")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-DEFAULT_MAX_MODEL_LEN = 4096
 
 
 @dataclass
@@ -101,24 +101,6 @@ def check_store(store: HostExpertStore, cfg: ModelConfig, dtype) -> None:
         raise FtError(f"the given expert store is {store.dtype}, the engine runs {dtype}")
     if store.fmt != cfg.expert_format:
         raise FtError(f"the given expert store is {store.fmt}, the checkpoint {cfg.expert_format}")
-
-
-def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
-    """(max_model_len, sequence slots): slots of max_model_len tokens within kv_reserve_tokens."""
-    max_len = config.max_model_len or min(cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-    if max_len > cfg.max_position_embeddings:
-        raise FtError(
-            f"max_model_len {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
-        )
-    if cfg.sliding_window and max_len > cfg.sliding_window:
-        log.warning(
-            f"max_model_len {max_len} capped to the model's sliding_window {cfg.sliding_window}"
-        )
-        max_len = cfg.sliding_window  # within the window, full attention is the same thing
-    if config.kv_reserve_tokens is None:
-        return max_len, config.max_num_seqs
-    max_len = min(max_len, config.kv_reserve_tokens)
-    return max_len, config.kv_reserve_tokens // max_len  # reserve what was asked for
 
 
 def _strategy(config: EngineConfig, cfg: ModelConfig, store, budget: int, used: int):

@@ -45,10 +45,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ft.engine.attention import Batch, Span
 from ft.engine.experts.cache import device_view
-from ft.engine.fused import rms_norm
-from ft.engine.model import route
+from ft.engine.model.attention import Batch, Span
+from ft.engine.model.decoder import route
+from ft.engine.model.fused import rms_norm
 from ft.errors import FtError
 
 KV_BUCKET = 256  # keys per bucket: one graph serves every length up to its bucket

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ft.engine.config import EngineConfig
+from ft.engine.config import EngineConfig, ModelConfig
 from ft.engine.experts.store import HostExpertStore
 from ft.errors import FtError
+from ft.log import get_logger
 
+log = get_logger("ft.engine")
 GIB = 1 << 30
+DEFAULT_MAX_MODEL_LEN = 4096
 
 
 def free_device_bytes(device: str) -> int:
@@ -71,3 +74,21 @@ def check_resident_fits(config: EngineConfig, store: HostExpertStore, budget: in
             f"resident needs {need / GIB:.2f} GiB but only {budget / GIB:.2f} GiB is allowed; "
             "use --moe-strategy offload"
         )
+
+
+def plan_kv(config: EngineConfig, cfg: ModelConfig) -> tuple[int, int]:
+    """(max_model_len, sequence slots): slots of max_model_len tokens within kv_reserve_tokens."""
+    max_len = config.max_model_len or min(cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    if max_len > cfg.max_position_embeddings:
+        raise FtError(
+            f"max_model_len {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
+        )
+    if cfg.sliding_window and max_len > cfg.sliding_window:
+        log.warning(
+            f"max_model_len {max_len} capped to the model's sliding_window {cfg.sliding_window}"
+        )
+        max_len = cfg.sliding_window  # within the window, full attention is the same thing
+    if config.kv_reserve_tokens is None:
+        return max_len, config.max_num_seqs
+    max_len = min(max_len, config.kv_reserve_tokens)
+    return max_len, config.kv_reserve_tokens // max_len  # reserve what was asked for

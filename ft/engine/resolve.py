@@ -1,5 +1,5 @@
 """Startup choices made from the box's bandwidth profile: `--moe-strategy auto` and
-`--moe-hybrid-max-fetch auto`. The rules themselves live in ONE place, ft.bench.profile.decide;
+`--moe-hybrid-max-fetch auto`. The rules themselves live in ONE place, ft.profile.decide;
 this module only applies them, and says in one log line what it chose and why.
 """
 
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import torch
 
-from ft.bench.profile import Decision, decide, default_path, fetch_log_line, load_profile
-from ft.engine.attention import KVCache
 from ft.engine.config import EngineConfig, ModelConfig
 from ft.engine.formats import get_format
-from ft.engine.loader import CheckpointReader, is_routed_expert
-from ft.engine.memory import GIB
+from ft.engine.memory import GIB, plan_kv
+from ft.engine.model.attention import KVCache
+from ft.engine.model.loader import CheckpointReader, is_routed_expert
 from ft.errors import FtError
 from ft.log import get_logger
+from ft.profile import Decision, decide, default_path, fetch_log_line, load_profile
 
 log = get_logger("ft.engine")
 FALLBACK_MAX_FETCH = 0.5  # hybrid's fetch fraction when no profile says better
@@ -81,8 +81,6 @@ def _from_profile(lookup: ProfileLookup, fmt: str) -> tuple[str, str]:
 def resident_bytes(config: EngineConfig, cfg: ModelConfig, reader: CheckpointReader) -> int:
     """Device bytes of resident: dense weights + KV cache + every routed expert + the margin,
     from the checkpoint's headers (nothing is loaded yet)."""
-    from ft.engine.builder import plan_kv
-
     dtype = _DTYPES[config.dtype]
     elem = torch.tensor([], dtype=dtype).element_size()
     dense = sum(math.prod(reader.shape(n)) for n in reader.names() if not is_routed_expert(n))

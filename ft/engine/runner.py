@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from ft import settings
-from ft.engine.attention import Batch, Span
 from ft.engine.builder import build_engine_parts
 from ft.engine.config import EngineConfig
-from ft.engine.cpu_moe_threads import ThreadPin, engine_core, format_cores
-from ft.engine.sampling import SamplingParams, sample
+from ft.engine.cpu.threads import ThreadPin, engine_core, format_cores
+from ft.engine.model.attention import Batch, Span
+from ft.engine.model.sampling import SamplingParams, sample
 from ft.engine.scheduler import Scheduler, Sequence, StepOutput
 from ft.errors import FtError
 from ft.log import get_logger

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ft.engine.sampling import SamplingParams
+from ft.engine.model.sampling import SamplingParams
 
 
 @dataclass

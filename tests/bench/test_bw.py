@@ -10,11 +10,11 @@ import torch
 from ft.bench import bw as bw_mod
 from ft.bench.bw import NO_GPU_NOTE, BwConfig, _FormatBench, measure_format, run_bw
 from ft.bench.bw_formats import ENGINE_FORMAT_NAMES, FORMATS, BenchFormat
-from ft.bench.profile import decide, load_profile
 from ft.engine.config import EXPERT_FORMATS
-from ft.engine.cpu_moe import THREAD_PREFIX, CpuMoeExecutor
+from ft.engine.cpu.pool import THREAD_PREFIX, CpuMoeExecutor
 from ft.engine.formats.int8 import Int8Format
 from ft.errors import FtError
+from ft.profile import decide, load_profile
 from tests.conftest import run_ft
 
 

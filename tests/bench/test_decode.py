@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ft.bench.roofline import Bandwidths, StepBytes, roofline
 from ft.cli.app import app
-from tests.bench.test_profile import SEED_PROFILE
+from tests.test_profile import SEED_PROFILE
 
 STRATEGIES = ("resident", "offload")
 

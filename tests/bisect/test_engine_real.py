@@ -31,7 +31,7 @@ def _copy_project(dst):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_engine_mode_finds_a_planted_slowdown_in_this_project(tmp_path):
-    from ft.engine.synth import builtin_tiny
+    from ft.engine.synth.checkpoint import builtin_tiny
 
     model = builtin_tiny()  # made once here, not by two servers racing
     repo = tmp_path / "ft-src"

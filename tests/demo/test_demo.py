@@ -88,8 +88,8 @@ def test_the_scratch_history_plants_one_inline_regression_after_the_tag(tmp_path
     diff = repo.git.show(history.planted_sha, "--format=")
     assert f"+    def {PLANTED_FUNCTION}(" in diff and "-        return self.pool.submit(" in diff
     touched = {f for c in commits if c.hexsha != history.planted_sha for f in c.stats.files}
-    assert touched and "ft/engine/cpu_moe.py" in touched  # red herrings exist
-    for path in ("ft/engine/strategies/hybrid.py", "ft/engine/cpu_moe.py", "ft/bench/bw.py"):
+    assert touched and "ft/engine/cpu/pool.py" in touched  # red herrings exist
+    for path in ("ft/engine/strategies/hybrid.py", "ft/engine/cpu/pool.py", "ft/bench/bw.py"):
         py_compile.compile(str(history.repo / path), doraise=True)
     assert not repo.is_dirty(untracked_files=True)
 

@@ -75,7 +75,7 @@ def fuse_experts(src: Path, dst: Path) -> Path:
 
 def make_synth_tiny(tmp_path_factory):
     """A `tiny` checkpoint from `ft model synth` (float32, 2 layers) and its routing stats."""
-    from ft.engine.synth import synth_checkpoint
+    from ft.engine.synth.checkpoint import synth_checkpoint
 
     out = tmp_path_factory.mktemp("synth") / "tiny"
     stats = synth_checkpoint("tiny", out, layers=2, dtype="float32", seed=1)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ft import settings
-from ft.engine.attention import Batch, Span, _attend_decode, decode_backend
 from ft.engine.config import EngineConfig
+from ft.engine.model.attention import Batch, Span, _attend_decode, decode_backend
 from ft.engine.runner import LLMEngine
 from tests.engine.interpreter import run_interpreted
 from tests.engine.test_graphs import generate
@@ -53,8 +53,8 @@ def test_asking_for_triton_on_the_cpu_says_it_stays_sdpa(synth_tiny, monkeypatch
 
 _INTERPRETED = """
 import torch
-from ft.engine.attention import Batch, Span, _attend_decode
-from ft.engine.attention_triton import decode_attention
+from ft.engine.model.attention import Batch, Span, _attend_decode
+from ft.engine.kernels.attention import decode_attention
 
 gen = torch.Generator().manual_seed(5)
 S, M = 5, 40  # cache slots, max length

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ft import cpuinfo
-from ft.engine.cpu_moe import (
+from ft.engine.cpu.pool import (
     THREAD_PREFIX,
     CpuMoeExecutor,
     ExpertJob,
@@ -22,7 +22,7 @@ from ft.engine.cpu_moe import (
     ready_line,
     split_range,
 )
-from ft.engine.cpu_moe_threads import ThreadPin, engine_core
+from ft.engine.cpu.threads import ThreadPin, engine_core
 from ft.errors import FtError
 
 D, INTER, EXPERTS = 64, 48, 6
@@ -74,7 +74,7 @@ def test_pool_bf16_weights(compute, tol):
 
 
 def test_auto_multiplies_bf16_weights_with_one_compiled_call_a_block():
-    from ft.engine.cpu_moe_compute import describe_compute
+    from ft.engine.cpu.compute import describe_compute
     from ft.engine.formats import get_format
 
     bf16 = get_format("bf16")

@@ -14,15 +14,15 @@ from typer.testing import CliRunner
 
 from ft.cli.app import app
 from ft.engine.config import EXPERT_FORMATS, EngineConfig, ModelConfig
-from ft.engine.cpu_moe import CpuMoeExecutor, expert_jobs
+from ft.engine.cpu.pool import CpuMoeExecutor, expert_jobs
 from ft.engine.experts.grouped import blocks_on_device, moe_pairs, reduce_pairs, ref_moe_pairs
 from ft.engine.experts.store import HostExpertStore
 from ft.engine.formats import FORMATS, format_of
 from ft.engine.formats.fp8_block import BLOCK, E4M3
 from ft.engine.formats.nvfp4 import GROUP
-from ft.engine.loader import CheckpointReader, load_dense, load_experts
+from ft.engine.model.loader import CheckpointReader, load_dense, load_experts
 from ft.engine.runner import LLMEngine, SamplingParams
-from ft.engine.synth import synth_checkpoint
+from ft.engine.synth.checkpoint import synth_checkpoint
 from ft.errors import FtError
 from tests.engine.interpreter import run_interpreted
 from tests.engine.test_auto import SEED, SMALL, lines, start
@@ -246,7 +246,7 @@ def test_cpu_executor_with_bf16_activations(fmt):
 
 
 def test_nvfp4_cpu_blocks_are_cut_on_its_groups():
-    from ft.engine.cpu_moe import split_range
+    from ft.engine.cpu.pool import split_range
 
     blocks = split_range(INTER, 7, 1, align=GROUP)
     assert blocks[0][0] == 0 and blocks[-1][1] == INTER and len(blocks) == 7
@@ -449,7 +449,7 @@ def test_cli_synth_unknown_format_is_one_line(tmp_path):
 _INTERPRETED = """
 import torch
 from ft.engine.experts.grouped import blocks_on_device, reduce_pairs, ref_moe_pairs
-from ft.engine.experts.triton_moe import triton_moe_pairs
+from ft.engine.kernels.moe import triton_moe_pairs
 from ft.engine.formats import FORMATS
 from tests.engine.test_formats import E, float_experts, routed
 for fmt, form in FORMATS.items():

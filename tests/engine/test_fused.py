@@ -9,8 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-from ft.engine.attention import Rope
-from ft.engine.fused import add_rms_norm, qk_norm_rope, rms_norm, rotate, route_topk
+from ft.engine.model.attention import Rope
+from ft.engine.model.fused import add_rms_norm, qk_norm_rope, rms_norm, rotate, route_topk
 from tests.engine.interpreter import run_interpreted
 
 
@@ -63,8 +63,8 @@ def test_stacked_routers_pick_each_routers_top_k_and_write_into_strided_rows():
 _INTERPRETED = """
 import torch
 from ft.engine.experts.grouped import InPlace, plan_blocks
-from ft.engine.attention import Rope
-from ft.engine.fused import add_rms_norm, qk_norm_rope, route_topk
+from ft.engine.model.attention import Rope
+from ft.engine.model.fused import add_rms_norm, qk_norm_rope, route_topk
 
 gen = torch.Generator().manual_seed(3)
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):

@@ -82,7 +82,7 @@ _INTERPRETED = """
 import torch
 from ft.engine.experts.grouped import blocks_on_device, blocks_from_groups, reduce_pairs
 from ft.engine.experts.dispatch import group_by_expert
-from ft.engine.experts.triton_moe import triton_moe_pairs
+from ft.engine.kernels.moe import triton_moe_pairs
 from tests.engine.test_grouped import bank, reference, routing, T, D
 for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
     gen = torch.Generator().manual_seed(5)

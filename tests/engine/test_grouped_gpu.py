@@ -38,7 +38,7 @@ def expected_on_device(w13, w2, x, ids, weights):
 
 def assert_kernel_matches(x, bank, fmt, ids, weights, expected, tol, experts=E):
     """Both work-list builders (the decode one where it applies); slot = expert."""
-    from ft.engine.experts.triton_moe import triton_moe_pairs
+    from ft.engine.kernels.moe import triton_moe_pairs
 
     groups = group_by_expert(ids, weights, experts)
     builders = [blocks_from_groups(groups, [g.expert for g in groups], "cuda")]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ft.engine.config import EngineConfig
-from ft.engine.cpu_moe import THREAD_PREFIX
+from ft.engine.cpu.pool import THREAD_PREFIX
 from ft.engine.runner import LLMEngine, SamplingParams
 from ft.engine.strategies.hybrid import split_misses
 from tests.engine.test_runner import PROMPTS, run_all

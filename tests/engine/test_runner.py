@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from ft.engine.config import EngineConfig
-from ft.engine.cpu_moe_threads import engine_core
+from ft.engine.cpu.threads import engine_core
 from ft.engine.runner import LLMEngine, SamplingParams
 from ft.errors import FtError
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ft.engine.serve_text import Detokenizer, TextStream
+from ft.engine.serve.text import Detokenizer, TextStream
 
 
 class _ByteTokenizer:
@@ -46,8 +46,8 @@ def test_text_stream_stops_before_the_stop_string(stops, expected):
 
 
 def test_windowed_deltas_join_to_the_full_decode_of_a_real_tokenizer():
-    from ft.engine.synth import builtin_tiny
-    from ft.engine.tokenizer import Tokenizer
+    from ft.engine.model.tokenizer import Tokenizer
+    from ft.engine.synth.checkpoint import builtin_tiny
 
     tokenizer = Tokenizer(builtin_tiny())
     rng = random.Random(0)

@@ -16,7 +16,7 @@ import pytest
 
 from ft.bench.metrics_text import parse_metrics
 from ft.bench.server_process import start_server
-from ft.engine.serve_api import ChatMessage, render_chat
+from ft.engine.serve.api import ChatMessage, render_chat
 from tests.conftest import ft_env, run_ft
 from tests.engine.serving import API_KEY, running_server
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ft.cli.app import app
-from ft.engine.shards import ShardWriter
-from ft.engine.synth import synth_checkpoint
+from ft.engine.model.shards import ShardWriter
+from ft.engine.synth.checkpoint import synth_checkpoint
 from ft.errors import FtError
 
 

@@ -43,7 +43,7 @@ def check(fmt: str) -> None:
     """fp32 and bf16 activations (each its own tiles); raises on a mismatch. Host-built blocks
     only: fewer programs for the slow interpreter, and the decode work list differs only in
     block metadata, which test_grouped covers."""
-    from ft.engine.experts.triton_moe import triton_moe_pairs
+    from ft.engine.kernels.moe import triton_moe_pairs
 
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
         bank, x, ids, weights = case(fmt, dtype)
@@ -103,7 +103,7 @@ def test_kernels_match_the_dequantised_reference_under_the_interpreter(fmt, inte
 
 
 def test_a_bank_missing_a_part_or_an_unknown_format_is_an_error():
-    from ft.engine.experts.triton_moe import triton_moe_pairs
+    from ft.engine.kernels.moe import triton_moe_pairs
     from ft.errors import FtError
 
     bank, x, ids, weights = case("nvfp4", torch.bfloat16)

@@ -18,9 +18,9 @@ from ft.engine.experts.grouped import InPlace, moe_pairs, plan_blocks, reduce_pa
 from ft.engine.experts.store import expert_blocks
 from ft.engine.experts.stream_write import stream_writer
 from ft.engine.experts.zero_copy import ZeroCopyCache
-from ft.engine.fused import rms_norm
 from ft.engine.graphs import Handoff, StopRows, cut_layers, follow_step, run_stretch
-from ft.engine.model import route
+from ft.engine.model.decoder import route
+from ft.engine.model.fused import rms_norm
 from ft.engine.runner import LLMEngine, SamplingParams
 from ft.errors import FtError
 from tests.engine.interpreter import run_interpreted
@@ -444,7 +444,7 @@ def test_the_step_s_end_guesses_the_next_token_s_first_cuts_for_the_host(synth_t
 @pytest.fixture(scope="module")
 def synth_six(tmp_path_factory):
     """The tiny preset with six layers: room for guesses three cuts ahead."""
-    from ft.engine.synth import synth_checkpoint
+    from ft.engine.synth.checkpoint import synth_checkpoint
 
     out = tmp_path_factory.mktemp("synth6") / "tiny6"
     synth_checkpoint("tiny", out, layers=6, dtype="float32", seed=1)

@@ -23,12 +23,10 @@ import torch.nn.functional as F
 
 from ft import settings
 from ft.engine.formats import get_format
+from ft.engine.kernels.codes import CPU_SHARE, ON_CPU
 
 MIN_BLOCK_M = 16  # tl.dot needs 16 rows at least
 MAX_DEVICE_PAIRS = 128  # above this (prefill), rows of one slot may outgrow a block: group on host
-# hybrid on device gates: a slot table entry the CPU computes in this step, and the gate's value
-# once the host has written the CPU's share of the layer (ft.engine.strategies.hybrid)
-ON_CPU, CPU_SHARE = -2, 2
 
 
 @dataclass
@@ -137,7 +135,7 @@ def plan_blocks(
         if uses is not None:
             uses.add_((blocks.block_slot >= 0).sum())
         return blocks
-    from ft.engine.fused_triton import plan_pairs
+    from ft.engine.kernels.fused import plan_pairs
 
     p, dev = ids.numel(), ids.device
     tok = torch.empty(p, dtype=torch.long, device=dev)
@@ -177,7 +175,7 @@ def moe_pairs(x, bank: dict, blocks: PairBlocks, backend: str, fmt: str, host=No
     of the same format, part -> [E, ...] in pinned host memory: slot N + e reads its expert e
     there, in place."""
     if backend == "triton":
-        from ft.engine.experts.triton_moe import triton_moe_pairs
+        from ft.engine.kernels.moe import triton_moe_pairs
 
         return triton_moe_pairs(x, bank, blocks, fmt, host)
     return torch_moe_pairs(x, bank, blocks, fmt, host)
@@ -193,7 +191,7 @@ def reduce_pairs(
     launch, each token's K rows in routing order; else torch's index_add_ (the same order for
     every strategy on the CPU, so resident and offload agree bit for bit there)."""
     if backend == "triton" and blocks.row_of is not None:
-        from ft.engine.experts.triton_moe import triton_reduce_pairs
+        from ft.engine.kernels.moe import triton_reduce_pairs
 
         return triton_reduce_pairs(y, blocks.row_of, blocks.slot, tokens, dtype, share)
     y = torch.where((blocks.slot >= 0)[:, None], y, 0.0)

@@ -77,7 +77,7 @@ class ExpertFormat:
     def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
         """Quantised formats, the CPU MoE pool's compute: out [n, r1 - r0] = x [n, cols] @
         W[r0:r1, c0:c0 + cols].T, W the part `name` ("w13" or "w2") of ONE expert, read from its
-        codes (ft.engine.formats.cpu_kernels); x, out: float32 numpy arrays, C-contiguous."""
+        codes (ft.engine.cpu.kernels); x, out: float32 numpy arrays, C-contiguous."""
         raise NotImplementedError
 
     # -- derived ---------------------------------------------------------------------------------

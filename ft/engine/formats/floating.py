@@ -32,7 +32,7 @@ class FloatFormat(ExpertFormat):
         return bank["w13"][slot].to(dtype), bank["w2"][slot].to(dtype)  # views, no dict
 
     def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
-        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+        from ft.engine.cpu import kernels as cpu_kernels  # numba: imported where it is used
 
         w = parts[name]
         if w.dtype == torch.bfloat16:  # its bits: numpy has no bfloat16

@@ -63,7 +63,7 @@ class Fp8BlockFormat(ExpertFormat):
         scale_cols(out, parts["w2_scale"][..., block_rows, :], c0)
 
     def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
-        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+        from ft.engine.cpu import kernels as cpu_kernels  # numba: imported where it is used
 
         rows = np.arange(r0, r1)
         if name == "w13":

@@ -42,7 +42,7 @@ class Int8Format(ExpertFormat):
         _dequant(parts["w2"][..., c0:c1], parts["w2_scale"][..., :, None], out)
 
     def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
-        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+        from ft.engine.cpu import kernels as cpu_kernels  # numba: imported where it is used
 
         row_scale = parts[f"{name}_scale"][r0:r1].numpy()
         cpu_kernels.int8_rows(x, parts[name].numpy(), r0, r1, c0, row_scale, out)

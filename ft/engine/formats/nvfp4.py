@@ -80,7 +80,7 @@ class Nvfp4Format(ExpertFormat):
         _decode(parts["w2"][..., c0 // 2 : c1 // 2], scale, out)
 
     def rows_dot(self, parts: Parts, name: str, r0: int, r1: int, c0: int, x, out) -> None:
-        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+        from ft.engine.cpu import kernels as cpu_kernels  # numba: imported where it is used
 
         scale_2 = parts[f"{name}_scale_2"].numpy()
         if name == "w13":  # gate's global scale, then up's

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 import torch
 
 from ft import settings
-from ft.engine.cpu_moe import (
+from ft.engine.cpu.compute import uses_kernels
+from ft.engine.cpu.pool import (
     CpuMoeExecutor,
     CpuMoeHandle,
     expert_jobs,
     log_ready,
     lower_torch_threads,
 )
-from ft.engine.cpu_moe_compute import uses_kernels
 from ft.engine.experts.cache import device_view
 from ft.engine.experts.dispatch import ExpertGroup, group_by_expert
 from ft.engine.experts.grouped import (
@@ -314,7 +314,7 @@ def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float):
     """Start the pinned pool, lower torch's threads, log both lines (DESIGN.md section 2)."""
     compute = settings.cpu_moe_compute()
     if uses_kernels(compute, store.format, store.parts["w13"].dtype):  # the pool's own choice
-        from ft.engine.formats import cpu_kernels  # numba: imported where it is used
+        from ft.engine.cpu import kernels as cpu_kernels  # numba: imported where it is used
 
         cpu_kernels.warm_up()  # the pool's kernels compiled (or loaded) now, not in a decode step
     pool = CpuMoeExecutor(

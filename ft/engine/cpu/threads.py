@@ -6,7 +6,6 @@ import ctypes
 import ctypes.util
 import os
 import threading
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,10 +13,7 @@ from ft import cpuinfo
 from ft.errors import FtError
 from ft.log import get_logger
 
-if TYPE_CHECKING:
-    from ft.engine.cpu_moe import CpuMoeExecutor
-
-log = get_logger("ft.engine.cpu_moe")
+log = get_logger("ft.engine.cpu.pool")
 _PR_SET_NAME = 15
 
 
@@ -114,27 +110,3 @@ def format_cores(cores: list[int]) -> str:
     if len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1)):
         return f"{cores[0]}..{cores[-1]}"
     return ",".join(map(str, cores))
-
-
-def ready_line(
-    pool: CpuMoeExecutor,
-    *,
-    fmt: str,
-    hidden: int,
-    intermediate: int,
-    experts: int,
-    layers: int,
-    top_k: int,
-) -> str:
-    """The startup line probes parse (DESIGN.md section 2); the engine supplies the shape."""
-    cores = format_cores(pool.cores)
-    return (
-        f"CPU MoE executor ready: threads={pool.threads} (pinned to cores {cores})"
-        f" isa={cpuinfo.best_isa()} fmt={fmt} H={hidden} I={intermediate} experts={experts}"
-        f" layers={layers} top_k={top_k}"
-    )
-
-
-def log_ready(pool: CpuMoeExecutor, **shape: int | str) -> None:
-    """Log ready_line(pool, **shape): fmt, hidden, intermediate, experts, layers, top_k."""
-    log.info("%s", ready_line(pool, **shape))

@@ -19,44 +19,29 @@ from dataclasses import dataclass
 
 import torch
 
-from ft import settings
-from ft.engine.cpu_moe_compute import (  # noqa: F401  (expert_jobs: for the strategies)
+from ft import cpuinfo, settings
+from ft.engine.cpu.compute import (  # noqa: F401  (expert_jobs: for the strategies)
     COMPUTE_MODES,
+    ExpertJob,
     Slice,
     expert_jobs,
     make_slices,
     run_slice,
 )
-from ft.engine.cpu_moe_threads import (  # noqa: F401  (log helpers: for the engine)
+from ft.engine.cpu.threads import (  # noqa: F401  (log helpers: for the engine)
     format_cores,
-    log_ready,
     lower_torch_threads,
     name_os_thread,
     pick_cores,
     pin_to_core,
-    ready_line,
 )
 from ft.engine.formats import get_format
 from ft.errors import FtError
 from ft.log import get_logger
 
-log = get_logger("ft.engine.cpu_moe")
+log = get_logger("ft.engine.cpu.pool")
 
 THREAD_PREFIX = "ft-cpu-moe-"
-
-
-@dataclass(frozen=True)
-class ExpertJob:
-    """One expert's work in a layer: the tokens `rows` of x routed to it, with their weights."""
-
-    parts: dict[str, torch.Tensor]  # the expert's parts, host (bf16: w13 [2I, D], w2 [D, I])
-    rows: torch.Tensor  # [n] long, indices into x
-    weights: torch.Tensor  # [n] router weights
-    fmt: str = "bf16"  # expert format of `parts` (ft.engine.formats)
-
-    @property
-    def inter(self) -> int:
-        return self.parts["w13"].shape[0] // 2  # I: w13 has 2I rows in every format
 
 
 @dataclass(frozen=True)
@@ -271,3 +256,27 @@ def split_range(n: int, parts: int, min_size: int, align: int = 1) -> list[tuple
     parts = max(1, min(parts, n // max(min_size, 1), max(units, 1)))
     bounds = [round(i * units / parts) * align for i in range(parts)] + [n]
     return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def ready_line(
+    pool: CpuMoeExecutor,
+    *,
+    fmt: str,
+    hidden: int,
+    intermediate: int,
+    experts: int,
+    layers: int,
+    top_k: int,
+) -> str:
+    """The startup line probes parse (DESIGN.md section 2); the engine supplies the shape."""
+    cores = format_cores(pool.cores)
+    return (
+        f"CPU MoE executor ready: threads={pool.threads} (pinned to cores {cores})"
+        f" isa={cpuinfo.best_isa()} fmt={fmt} H={hidden} I={intermediate} experts={experts}"
+        f" layers={layers} top_k={top_k}"
+    )
+
+
+def log_ready(pool: CpuMoeExecutor, **shape: int | str) -> None:
+    """Log ready_line(pool, **shape): fmt, hidden, intermediate, experts, layers, top_k."""
+    log.info("%s", ready_line(pool, **shape))

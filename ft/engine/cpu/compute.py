@@ -14,7 +14,7 @@ an AVX-512-BF16/AMX Xeon (one thread, H=2048, I=768, batch 1, blocks of 384 rows
 5.0 GB/s of expert bytes against 3.2 for the fp32 conversion.
 
 "compiled" multiplies straight from the expert's bytes with the format's compiled CPU kernels
-(ExpertFormat.rows_dot, ft/engine/formats/cpu_kernels.py), in float32, with the GIL released:
+(ExpertFormat.rows_dot, ft/engine/cpu/kernels.py), in float32, with the GIL released:
 no copy of the block, and the pool's threads never wait for each other's op dispatch. Quantised
 experts (int8, fp8_block, nvfp4) always take it; bf16 weights take one kernel call for the whole
 block (cpu_kernels.bf16_ffn_block), float32 ones the projection kernels. "auto" picks compiled
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,12 +37,23 @@ import torch.nn.functional as F
 from ft import cpuinfo
 from ft.engine.formats import ExpertFormat, get_format
 
-if TYPE_CHECKING:
-    from ft.engine.cpu_moe import ExpertJob
-
 COMPUTE_MODES = ("auto", "float32", "native", "compiled")
 COMPILED_FLOATS = (torch.bfloat16, torch.float32)  # unquantised weights the kernels read
 _HW_DOT = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
+
+
+@dataclass(frozen=True)
+class ExpertJob:
+    """One expert's work in a layer: the tokens `rows` of x routed to it, with their weights."""
+
+    parts: dict[str, torch.Tensor]  # the expert's parts, host (bf16: w13 [2I, D], w2 [D, I])
+    rows: torch.Tensor  # [n] long, indices into x
+    weights: torch.Tensor  # [n] router weights
+    fmt: str = "bf16"  # expert format of `parts` (ft.engine.formats)
+
+    @property
+    def inter(self) -> int:
+        return self.parts["w13"].shape[0] // 2  # I: w13 has 2I rows in every format
 
 
 @dataclass(frozen=True)
@@ -73,8 +83,6 @@ def expert_jobs(
     `bank` is the layer's host store (part -> [E, ...], format `fmt`); topk_ids /
     topk_weights [T, K].
     """
-    from ft.engine.cpu_moe import ExpertJob
-
     jobs = []
     for e in experts:
         tokens, slots = (topk_ids == e).nonzero(as_tuple=True)  # [n], [n]
@@ -140,7 +148,7 @@ def describe_compute(mode: str, form: ExpertFormat, weight_dtype: torch.dtype) -
 def run_slice(sl: Slice, acc: torch.Tensor, scratch: dict) -> None:
     """acc[rows] += weights * (the block's share of FFN(x[rows])); acc is [T, D] float32."""
     if sl.fused is not None:  # one call: the GIL released once for the whole block
-        from ft.engine.formats import cpu_kernels
+        from ft.engine.cpu import kernels as cpu_kernels
 
         x, w13, w2, inter, scale, rows = sl.fused
         cpu_kernels.bf16_ffn_block(x, w13, w2, sl.lo, sl.hi, inter, scale, rows, acc.numpy())

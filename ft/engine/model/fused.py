@@ -54,7 +54,7 @@ def qk_norm_rope(qk, weight, rope, positions, eps: float, backend: str = "torch"
 
 
 def _triton_add_rms_norm(h, delta, weight, eps, out=None):
-    from ft.engine import fused_triton
+    from ft.engine.kernels import fused as fused_triton
 
     out_h, out_x = out if out is not None else (torch.empty_like(h), torch.empty_like(h))
     fused_triton.add_rms_norm(h, delta, weight, out_h, out_x, eps)
@@ -62,7 +62,7 @@ def _triton_add_rms_norm(h, delta, weight, eps, out=None):
 
 
 def _triton_qk_norm_rope(qk, weight, cos, sin, positions, eps):
-    from ft.engine import fused_triton
+    from ft.engine.kernels import fused as fused_triton
 
     out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)  # contiguous
     fused_triton.qk_norm_rope(qk, weight, cos, sin, positions, out, eps)
@@ -80,7 +80,7 @@ def route_topk(
     are also written (pinned rows the host reads: graphs.StopRows)."""
     T = logits.shape[0]  # noqa: N806
     if backend == "triton":
-        from ft.engine import fused_triton
+        from ft.engine.kernels import fused as fused_triton
 
         if out is None:
             ids = torch.empty(T, routers * top_k, dtype=torch.long, device=logits.device)

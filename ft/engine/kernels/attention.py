@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ft.engine.experts.triton_moe import DOT_F32, _dot
+from ft.engine.kernels.moe import DOT_F32, _dot
 
 BLOCK_N = 64  # keys per block: [64, 128] bf16 K and V tiles, 16 KiB each
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ft.engine.cpu_moe_threads import name_os_thread
+from ft.engine.cpu.threads import name_os_thread
 from ft.errors import FtError
 from ft.log import get_logger
 

@@ -3,9 +3,9 @@
     POST /v1/completions, /v1/chat/completions   (stream: SSE chunks, then `data: [DONE]`)
     GET  /v1/models, /health, /metrics
 
-Parts: serve_api (OpenAI request models, chat template, response bodies), serve_text (deltas),
-serve_handlers (requests in, tokens back, OpenAI-shaped errors), serve_worker (the engine's
-own thread, continuous batching), serve_metrics (/metrics). This module wires them together
+Parts: api (OpenAI request models, chat template, response bodies), text (deltas), handlers
+(requests in, tokens back, OpenAI-shaped errors), worker (the engine's own thread, continuous
+batching), metrics (/metrics). This module wires them together
 and runs uvicorn on a socket bound before the model loads; the ready line is logged once it
 listens.
 """
@@ -20,16 +20,16 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ft.engine.serve_api import ChatRequest, CompletionRequest
-from ft.engine.serve_handlers import (
+from ft.engine.serve.api import ChatRequest, CompletionRequest
+from ft.engine.serve.handlers import (
     ApiError,
     Service,
     error_response,
     generate,
     parse_body,
 )
-from ft.engine.serve_metrics import CONTENT_TYPE, ServerMetrics
-from ft.engine.serve_worker import EngineWorker
+from ft.engine.serve.metrics import CONTENT_TYPE, ServerMetrics
+from ft.engine.serve.worker import EngineWorker
 from ft.errors import FtError
 from ft.log import get_logger
 

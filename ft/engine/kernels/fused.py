@@ -1,4 +1,4 @@
-"""Triton kernels behind ft.engine.fused (CUDA; under TRITON_INTERPRET=1 on CPU tensors, tests).
+"""Triton kernels behind ft.engine.model.fused (CUDA; TRITON_INTERPRET=1 on CPU tensors, tests).
 
 `_round` casts to the model's dtype and back, so every step rounds where torch's ops would.
 Legend: T = tokens, D = hidden, N = heads, d = head_dim.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ft.engine.experts import grouped
+from ft.engine.kernels import codes
 
 
 @triton.jit
@@ -125,8 +125,8 @@ MAX_SPINS = tl.constexpr(1 << 13)
 MAX_GATE_SPINS = tl.constexpr(1 << 14)
 # hybrid on device gates: a table entry the CPU computes this step, and the gate's value when
 # the host opens it with the CPU's share of the layer written (ft.engine.strategies.hybrid)
-ON_CPU = tl.constexpr(grouped.ON_CPU)
-CPU_SHARE = tl.constexpr(grouped.CPU_SHARE)
+ON_CPU = tl.constexpr(codes.ON_CPU)
+CPU_SHARE = tl.constexpr(codes.CPU_SHARE)
 
 
 @triton.jit

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ft.bench.profile import apply_rules, check, decide, fetch_log_line, load_profile
 from ft.errors import FtError
+from ft.profile import apply_rules, check, decide, fetch_log_line, load_profile
 from tests.conftest import REPO_ROOT, ft_env, run_ft
 
 SEED_PROFILE = REPO_ROOT / "profiles" / "seed-epyc7302-rtxpro4000-gen3.json"

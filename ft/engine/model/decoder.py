@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ft.engine.attention import Batch, Rope, attend, decode_backend
 from ft.engine.config import ModelConfig
 from ft.engine.experts.grouped import pick_backend
-from ft.engine.fused import add_rms_norm, qk_norm_rope, route_topk
+from ft.engine.model.attention import Batch, Rope, attend, decode_backend
+from ft.engine.model.fused import add_rms_norm, qk_norm_rope, route_topk
 
 # short name -> HF name under `model.layers.{i}.`
 LAYER_TENSORS = {
@@ -31,7 +31,7 @@ LAYER_TENSORS = {
 def route(cfg: ModelConfig, router, x, backend: str = "torch", out=None, mirror=None):
     """Softmax top-k router: -> topk_ids [T, K], topk_weights [T, K]. `router` may be several
     routers' [E, D] stacked ([R E, D]): then ids [T, R K], each router's top-k in turn, and the
-    first router's weights (ft.engine.fused.route_topk; out: the buffers to write; mirror:
+    first router's weights (ft.engine.model.fused.route_topk; out: the buffers to write; mirror:
     where the ids are also written)."""
     routers = router.shape[0] // cfg.num_experts
     logits = F.linear(x, router)

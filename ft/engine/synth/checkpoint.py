@@ -26,16 +26,16 @@ from pathlib import Path
 import torch
 
 from ft.cpuinfo import allowed_cores
-from ft.engine.attention import Batch, Rope, Span
 from ft.engine.config import ModelConfig
 from ft.engine.experts.dispatch import add_expert, group_by_expert
 from ft.engine.formats import get_format
 from ft.engine.formats.base import PROJECTIONS
-from ft.engine.fused import rms_norm
-from ft.engine.model import LAYER_TENSORS, DecoderLayer
-from ft.engine.presets import preset_hf_config
-from ft.engine.shards import ShardWriter, shard_bytes
-from ft.engine.synth_tokenizer import build_tokenizer, save_tokenizer
+from ft.engine.model.attention import Batch, Rope, Span
+from ft.engine.model.decoder import LAYER_TENSORS, DecoderLayer
+from ft.engine.model.fused import rms_norm
+from ft.engine.model.presets import preset_hf_config
+from ft.engine.model.shards import ShardWriter, shard_bytes
+from ft.engine.synth.tokenizer import build_tokenizer, save_tokenizer
 from ft.errors import FtError
 
 SAMPLE_SEQS, SAMPLE_LEN = 4, 64  # routing sample: sequences x tokens

@@ -17,15 +17,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 
-from ft.engine.serve_api import (
+from ft.engine.serve.api import (
     ChatRequest,
     CompletionRequest,
     ResponseShape,
     render_chat,
     usage,
 )
-from ft.engine.serve_text import TextStream
-from ft.engine.serve_worker import EngineWorker, RequestHandle
+from ft.engine.serve.text import TextStream
+from ft.engine.serve.worker import EngineWorker, RequestHandle
 from ft.errors import FtError
 
 

@@ -108,7 +108,7 @@ class Rope:
 
 
 def decode_backend(kernel: str, head_dim: int) -> str:
-    """A layer's decode attention: "triton" (one launch, attention_triton.py) where its fused
+    """A layer's decode attention: "triton" (one launch, kernels/attention.py) where its fused
     kernels are Triton, d >= 16 (tl.dot's least) and FT_DECODE_ATTENTION is not sdpa; else
     "sdpa"."""
     wanted = settings.decode_attention() == "triton"
@@ -156,7 +156,7 @@ def _attend_decode(q, k, v, k_cache, v_cache, batch: Batch, backend: str = "sdpa
 
 def _triton_decode(q, k, v, k_cache, v_cache, batch: Batch) -> torch.Tensor:
     """The same in one Triton launch, over each sequence's own keys (kv_len is not needed)."""
-    from ft.engine import attention_triton
+    from ft.engine.kernels import attention as attention_triton
 
     out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
     scale = 1 / math.sqrt(q.shape[-1])  # SDPA's default

@@ -1,0 +1,1 @@
+"""The CPU MoE pool: pinned worker threads that compute routed experts for hybrid."""

@@ -1,0 +1,1 @@
+"""The model: Qwen3-MoE / Mixtral layers, attention, loading, tokenizer, sampling."""

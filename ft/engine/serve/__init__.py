@@ -1,0 +1,1 @@
+"""`ft serve`: the OpenAI-compatible HTTP server around one engine worker thread."""
