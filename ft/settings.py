@@ -29,12 +29,6 @@ def cpu_moe_compute() -> str:
     return value if value in ("auto", "float32", "native", "compiled") else "auto"
 
 
-def moe_kernel() -> str:
-    """FT_MOE_KERNEL: auto (Triton on CUDA when it imports, else torch) | torch (force torch)."""
-    value = os.environ.get("FT_MOE_KERNEL", "auto").lower()
-    return value if value in ("auto", "torch") else "auto"
-
-
 def cuda_graphs() -> bool:
     """FT_CUDA_GRAPHS: replay decode as CUDA graphs (default on; 0 for eager, as vLLM's
     --enforce-eager): the whole step (resident), or each stretch between the per-layer host
@@ -48,26 +42,6 @@ def decode_attention() -> str:
     decode over SDPA: docs/perf.md)."""
     value = os.environ.get("FT_DECODE_ATTENTION", "triton").lower()
     return value if value in ("sdpa", "triton") else "triton"
-
-
-def ready_mark() -> str:
-    """FT_READY_MARK: write (default: a cache slot's ready mark written from the copy's stream
-    queue where the driver can) | copy (a 4-byte copy behind each expert, to compare)."""
-    return "copy" if os.environ.get("FT_READY_MARK", "").lower() == "copy" else "write"
-
-
-def expert_copy() -> str:
-    """FT_EXPERT_COPY: whole (default: an expert's block crosses PCIe in one copy) | parts (part
-    by part, to compare)."""
-    return "parts" if os.environ.get("FT_EXPERT_COPY", "").lower() == "parts" else "whole"
-
-
-def keep_ahead() -> int:
-    """FT_KEEP_AHEAD: device gates' layers after the one the host follows whose slots it keeps,
-    so the GPU passes them without waiting for the host where every routed expert has a slot
-    (default 4, at most a quarter of the MoE layers; 0: every layer waits for its gate)."""
-    value = os.environ.get("FT_KEEP_AHEAD", "4")
-    return int(value) if value.isdigit() else 4
 
 
 def api_key() -> str | None:

@@ -12,7 +12,7 @@ import gc
 import random
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import torch
 
 from ft import __version__, cpuinfo
 from ft.bench.roofline import Bandwidths, StepBytes, bandwidths, roofline
-from ft.engine.config import check_prefetch_depth
+from ft.engine.config import STRATEGIES, EngineConfig, torch_dtype
 from ft.errors import FtError
 
 COUNTERS = (
@@ -34,35 +34,22 @@ Progress = Callable[[str, int], None]  # (what is running, steps done) for a pro
 
 def available_strategies() -> tuple[str, ...]:
     """What this build's engine runs, in bench order (hybrid only where the engine has it)."""
-    from ft.engine.config import STRATEGIES
-
     return tuple(s for s in ("resident", "offload", "hybrid") if s in STRATEGIES)
 
 
 @dataclass(frozen=True)
 class DecodeBenchConfig:
-    model: str
+    # the settings every run shares, resolved once (device, dtype, expert format); each run
+    # sets its strategy, and the bench its batch and KV size (`engine_for`)
+    engine: EngineConfig
     strategies: tuple[str, ...] = ("resident", "offload")
     batches: tuple[int, ...] = (1,)
     tokens: int = 32  # timed decode steps per (strategy, batch)
     warmup: int = 4  # decode steps dropped first
     prompt_len: int = 16
-    moe_cache_rate: float | None = None  # offload / hybrid; None: the engine's auto size
-    gpu_memory_limit: float | None = None
-    device: str | None = None
-    dtype: str | None = None
     profile: str | None = None  # bandwidth profile path; None: the default one if present
     peer: str | None = None  # "accelerate": add the transformers + accelerate baseline
     trace: str | None = None  # folder: profile a few extra decode steps per run (decode_trace)
-    max_fetch: str = "auto"  # hybrid's --moe-hybrid-max-fetch
-    cpu_moe_threads: int | None = None  # hybrid's pool size
-    moe_prefetch: bool = True  # offload, hybrid, graphed: prefetch the next layers' guesses
-    moe_prefetch_depth: int | str = "auto"  # how many layers ahead ("auto": by batch size)
-    moe_prefetch_window: int | None = None  # None: the strategy's default
-    pin_engine_thread: bool = False  # pin the stepping thread (--pin-engine-thread)
-    moe_zero_copy: bool | None = None  # offload's --moe-zero-copy (the other strategies: unset)
-    moe_gates: bool | None = None  # offload's and hybrid's --moe-gates (None: the default)
-    expert_format: str | None = None  # None: the checkpoint's (given: checked against it)
 
     def __post_init__(self) -> None:
         known = available_strategies()
@@ -75,21 +62,27 @@ class DecodeBenchConfig:
             raise FtError("--tokens and the prompt length must be >= 1, --warmup >= 0")
         if self.peer is not None and self.peer not in PEERS:
             raise FtError(f"--peer {self.peer!r}: known peers are {', '.join(PEERS)}")
-        depth = check_prefetch_depth(self.moe_prefetch_depth, "--moe-prefetch-depth")
-        object.__setattr__(self, "moe_prefetch_depth", depth)
 
     @property
     def total_steps(self) -> int:
         runs = len(self.strategies) + (1 if self.peer else 0)
         return runs * len(self.batches) * (self.warmup + self.tokens)
 
+    def engine_for(self, strategy: str) -> EngineConfig:
+        """The engine of one run: the shared settings, this strategy (resident takes no cache
+        and no gates), KV room for the bench's prompts and steps at its largest batch."""
+        offloads = strategy != "resident"
+        return replace(
+            self.engine, moe_strategy=strategy,
+            moe_cache_rate=self.engine.moe_cache_rate if offloads else None,
+            moe_gates=self.engine.moe_gates if offloads else None,
+            max_num_seqs=max(self.batches),
+            max_model_len=self.prompt_len + self.warmup + self.tokens + 8,
+        )  # fmt: skip
+
 
 def run_decode_bench(cfg: DecodeBenchConfig, progress: Progress = lambda *_: None) -> dict:
-    from ft.engine.config import EngineConfig
-
-    base = EngineConfig(
-        model=cfg.model, device=cfg.device, dtype=cfg.dtype, expert_format=cfg.expert_format
-    )  # resolves all three
+    base = cfg.engine
     progress("loading experts into host memory", 0)
     store, shape = _load_store(base)
     bw = bandwidths(base.device, _profile_data(cfg.profile), quick=base.device == "cpu")
@@ -117,12 +110,11 @@ def _release_host_memory() -> None:
 
 
 def _load_store(base):
-    from ft.engine.builder import DTYPES
     from ft.engine.config import ModelConfig
     from ft.engine.model.loader import CheckpointReader, load_experts
 
     shape = ModelConfig.from_dir(base.model)
-    return load_experts(CheckpointReader(base.model), shape, DTYPES[base.dtype]), shape
+    return load_experts(CheckpointReader(base.model), shape, torch_dtype(base.dtype)), shape
 
 
 def _profile_data(path: str | None) -> dict | None:
@@ -159,22 +151,10 @@ def _run_strategy(cfg, base, strategy, store, shape, bw, progress) -> list[dict]
 
 
 def _engine(cfg, base, strategy: str, store):
-    from ft.engine.config import EngineConfig
     from ft.engine.runner import LLMEngine
 
-    config = EngineConfig(
-        model=cfg.model, device=base.device, dtype=base.dtype, moe_strategy=strategy,
-        moe_cache_rate=None if strategy == "resident" else cfg.moe_cache_rate,
-        gpu_memory_limit=cfg.gpu_memory_limit, max_num_seqs=max(cfg.batches),
-        max_model_len=cfg.prompt_len + cfg.warmup + cfg.tokens + 8,
-        moe_hybrid_max_fetch=cfg.max_fetch, cpu_moe_threads=cfg.cpu_moe_threads,
-        moe_prefetch=cfg.moe_prefetch, moe_prefetch_depth=cfg.moe_prefetch_depth,
-        moe_prefetch_window=cfg.moe_prefetch_window, pin_engine_thread=cfg.pin_engine_thread,
-        moe_zero_copy=cfg.moe_zero_copy if strategy == "offload" else None,
-        moe_gates=cfg.moe_gates if strategy in ("offload", "hybrid") else None,
-        bw_profile=cfg.profile, expert_format=base.expert_format,
-    )  # fmt: skip
-    return LLMEngine(config, expert_store=store)  # the one host copy of the experts, shared
+    # the one host copy of the experts, shared
+    return LLMEngine(cfg.engine_for(strategy), expert_store=store)
 
 
 def _trace(engine, strategy: str, rows: list[dict], cfg, shape) -> None:
@@ -261,7 +241,7 @@ def _report(cfg, base, bw: Bandwidths, shape, results) -> dict:
     return {
         "version": 1,
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "model": cfg.model,
+        "model": base.model,
         "device": base.device,
         "dtype": base.dtype,
         "expert_format": base.expert_format,

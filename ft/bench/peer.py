@@ -12,9 +12,8 @@ import time
 
 import torch
 
+from ft.engine.config import torch_dtype
 from ft.errors import FtError
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def run_accelerate(cfg, base, prompts: dict[int, list[list[int]]], progress) -> list[dict]:
@@ -22,7 +21,7 @@ def run_accelerate(cfg, base, prompts: dict[int, list[list[int]]], progress) -> 
     `prompts`: batch size -> the token ids the engine decoded at that batch."""
     progress("accelerate: loading the checkpoint with transformers", 0)
     try:
-        model = load_peer_model(cfg.model, base.device, base.dtype, cfg.gpu_memory_limit)
+        model = load_peer_model(base.model, base.device, base.dtype, base.gpu_memory_limit)
     except (ImportError, FtError) as exc:
         progress("accelerate: skipped", len(cfg.batches) * (cfg.warmup + cfg.tokens))
         return [_row(b, None, error=str(exc).split("\n")[0]) for b in cfg.batches]
@@ -44,7 +43,7 @@ def load_peer_model(model_dir: str, device: str, dtype: str, gpu_memory_limit: f
     except ImportError:
         raise FtError("--peer accelerate needs transformers and accelerate (pip install "
                       "'freetoken[peer]')") from None  # fmt: skip
-    kwargs: dict = {"dtype": DTYPES[dtype]}
+    kwargs: dict = {"dtype": torch_dtype(dtype)}
     if device == "cuda":
         import accelerate  # noqa: F401  # device_map needs it; fail with the hint above if absent
 

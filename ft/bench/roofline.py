@@ -9,8 +9,8 @@ slowest link:
 
 HBM bytes = dense weights read + experts computed on the device from resident weights or cache
 slots + the KV cache read; PCIe bytes = experts fetched into slots, or read in place from host
-memory by the device (zero-copy decode); host bytes = experts computed on the CPU. The byte
-counts come from the engine's own counters.
+memory by the device (a gated copy past its bound); host bytes = experts computed on the CPU.
+The byte counts come from the engine's own counters.
 """
 
 from __future__ import annotations

@@ -61,21 +61,15 @@ def bench_decode(
 ) -> None:
     """Decode tok/s per strategy and batch, the roofline of each run, and measured/roofline."""
     from ft.bench.decode import DecodeBenchConfig, available_strategies
-    from ft.engine.synth.checkpoint import builtin_tiny
 
     names = tuple(s.strip() for s in strategies.split(",")) if strategies else None
+    profile_path = str(profile) if profile else None
+    # offload: a strategy every cache flag is valid for; each run then sets its own
+    shared = engine.config(moe_strategy="offload", bw_profile=profile_path)
     cfg = DecodeBenchConfig(
-        model=str(engine.model) if engine.model else str(builtin_tiny()),
-        strategies=names or available_strategies(), batches=_ints(batch, "--batch"),
-        tokens=tokens, warmup=warmup, moe_cache_rate=engine.moe_cache_rate,
-        gpu_memory_limit=engine.gpu_memory_limit, device=engine.device, dtype=engine.dtype,
-        max_fetch=engine.moe_hybrid_max_fetch, cpu_moe_threads=engine.cpu_moe_threads,
-        moe_prefetch=engine.moe_prefetch, moe_prefetch_depth=engine.moe_prefetch_depth,
-        moe_prefetch_window=engine.moe_prefetch_window, pin_engine_thread=engine.pin_engine_thread,
-        moe_zero_copy=engine.moe_zero_copy, moe_gates=engine.moe_gates,
-        expert_format=engine.expert_format,
-        profile=str(profile) if profile else None, peer=peer,
-        trace=str(trace) if trace else None,
+        engine=shared, strategies=names or available_strategies(),
+        batches=_ints(batch, "--batch"), tokens=tokens, warmup=warmup, profile=profile_path,
+        peer=peer, trace=str(trace) if trace else None,
     )  # fmt: skip
     report = _run(cfg)
     if out:

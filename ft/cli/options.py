@@ -92,18 +92,8 @@ class EngineFlags:
         typer.Option(
             "--moe-prefetch-window",
             help="Prefetched experts queued for copy at once, the rest held on the host, so a "
-            "miss waits behind at most that many (0: no bound). Default: 2 for offload, 8 for "
-            "offload --moe-zero-copy, 0 for hybrid.",
-        ),
-    ] = None
-    moe_zero_copy: Annotated[
-        bool | None,
-        typer.Option(
-            "--moe-zero-copy/--no-moe-zero-copy",
-            help="offload, CUDA graphs: the expert kernels read a cache miss in place from host "
-            "memory, so decode never stops for the host, which follows each layer and copies "
-            "experts in for later layers and tokens. Pays where the cache holds most routed "
-            "experts, at batch > 1 (docs/perf.md).",
+            "miss waits behind at most that many (0: no bound). Default: 2, but 0 for hybrid's "
+            "host stops.",
         ),
     ] = None
     moe_gates: Annotated[
@@ -114,19 +104,11 @@ class EngineFlags:
             "on the device (a gate in pinned memory) until the host has fetched their misses "
             "(hybrid: and computed its CPU's share), the host feeding the copy engine "
             "meanwhile; --no-moe-gates: a host sync and launch per layer (host stops). Default: "
-            "on, unless --moe-zero-copy (hybrid: on CUDA only). On the H200: offload 3-6% "
-            "ahead of host stops at batch 1, ~7% at batch 4; hybrid 74-76% of its roofline "
-            "against 57-63% (docs/perf.md).",
+            "on (hybrid: on CUDA only). On the H200: offload 3-6% ahead of host stops at batch "
+            "1, ~7% at batch 4; hybrid 74-76% of its roofline against 57-63% "
+            "(docs/performance.md).",
         ),
     ] = None
-    pin_engine_thread: Annotated[
-        bool,
-        typer.Option(
-            "--pin-engine-thread",
-            help="Pin the thread that steps the engine to the last core the CPU MoE pool "
-            "leaves free.",
-        ),
-    ] = False
     bw_profile: Annotated[
         Path | None,
         typer.Option(

@@ -5,10 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
 from ft import settings
-from ft.engine.config import EngineConfig, ModelConfig
+from ft.engine.config import EngineConfig, ModelConfig, torch_dtype
 from ft.engine.experts.grouped import pick_backend
 from ft.engine.experts.store import HostExpertStore
 from ft.engine.memory import (
@@ -30,7 +28,6 @@ from ft.errors import FtError
 from ft.log import get_logger
 
 log = get_logger("ft.engine")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -58,7 +55,7 @@ def build_engine_parts(
     budget = memory_budget(config)
     config = resolve_strategy(config, cfg, reader, budget)  # `auto` -> what it chose
     log.info(f"Resolved config: {config.describe()}")
-    dtype = DTYPES[config.dtype]
+    dtype = torch_dtype(config.dtype)
     log.info(f"Free memory before loading model: {budget / GIB:.2f} GiB")
     cap_device_memory(config)
     start = time.perf_counter()

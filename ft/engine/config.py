@@ -183,9 +183,7 @@ class EngineConfig:
     # how many layers ahead a stop (or device gates) prefetches guesses for; "auto": by batch
     moe_prefetch_depth: int | str = "auto"
     moe_prefetch_window: int | None = None  # guesses queued for copy at once; None: the strategy's
-    pin_engine_thread: bool = False  # pin the stepping thread to a core the CPU pool leaves
-    moe_zero_copy: bool | None = None  # offload: misses read in place; None: the default
-    # offload: decode as one graph whose layers wait on device gates; None: on, unless zero-copy
+    # offload, hybrid: decode as one graph whose layers wait on device gates; None: the default
     moe_gates: bool | None = None
     bw_profile: str | None = None  # None: $FT_CACHE_DIR/benchbw.json
 
@@ -230,20 +228,10 @@ class EngineConfig:
             raise FtError(f"memory_margin_gib must not be negative, got {self.memory_margin_gib}")
         depth = check_prefetch_depth(self.moe_prefetch_depth)
         object.__setattr__(self, "moe_prefetch_depth", depth)
-        if self.moe_zero_copy and self.moe_strategy != "offload":
-            raise FtError(
-                f"--moe-zero-copy is offload's (got --moe-strategy {self.moe_strategy}): hybrid "
-                "meets a miss with its CPU, resident has no misses"
-            )
         if self.moe_gates and self.moe_strategy not in ("offload", "hybrid"):
             raise FtError(
                 f"--moe-gates is offload's and hybrid's (got --moe-strategy {self.moe_strategy}):"
                 " resident has no misses"
-            )
-        if self.moe_zero_copy and self.moe_gates:
-            raise FtError(
-                "--moe-zero-copy and --moe-gates are two ways to meet a miss (read it in place, "
-                "or wait for its copy): pick one"
             )
         if self.moe_prefetch_window is not None and self.moe_prefetch_window < 0:
             raise FtError(f"moe_prefetch_window must be 0 or more, got {self.moe_prefetch_window}")
@@ -288,39 +276,27 @@ class EngineConfig:
     @property
     def prefetch_window(self) -> int:
         """Prefetched experts queued on the copy engine at once, the rest held on the host (0:
-        every guess at once). Measured on the H200 (docs/perf.md): a window of 2 made offload
-        11-17% faster at batch 4 (level at batch 1) and hybrid 8-18% slower (a held guess that
-        turns into a miss may go to its CPU; rounds Y to AA); zero-copy offload was fastest
-        with 8 (its work list waits for a queued copy, and reads the rest in place; round AG),
-        offload --moe-gates with 2 at batch 4 (round AM). So: 2 for offload (gates or not), 8
-        for offload --moe-zero-copy, none for hybrid's host stops, 2 for hybrid on gates (as
-        offload's gates: a miss there is the CPU's only where the split says so)."""
+        every guess at once). Measured on the H200 (docs/performance.md): a window of 2 made
+        offload 11-17% faster at batch 4 (level at batch 1) and hybrid's host stops 8-18% slower
+        (a held guess that turns into a miss may go to its CPU). So: 2 for offload (gates or
+        not) and for hybrid on gates (a miss there is the CPU's only where the split says so),
+        none for hybrid's host stops."""
         if self.moe_prefetch_window is not None:
             return self.moe_prefetch_window
         if self.moe_strategy != "offload" and not self.gates:
             return 0
-        return 8 if self.zero_copy else 2
-
-    @property
-    def zero_copy(self) -> bool:
-        """offload: decode reads a miss in place from host memory and never stops for the host
-        (ft.engine.strategies.zero_copy), rather than copying it in at a host stop."""
-        return bool(self.moe_zero_copy) and self.moe_strategy == "offload"
+        return 2
 
     @property
     def gates(self) -> bool:
-        """offload: decode is one graph per step whose MoE layers each wait on the device until
-        the host has fetched their misses (ft.engine.strategies.zero_copy), rather than a host
-        stop per layer (--no-moe-gates). The default since round AN (docs/perf.md): with the
-        copy engine fed between routings, 3-6% ahead of host stops at batch 1 and ~7% at
-        batch 4 on the H200 box; zero-copy is the other way to meet a miss, so not with it.
-        hybrid too on CUDA since round AZ (GatedHybridStrategy: the CPU's experts run while
-        their layer waits at its gate): 110.8-120.1 tok/s at b1, 74-76% of its roofline, where
-        its host stops made 91-102 (57-63%, rounds AV, AY). On the CPU, where nothing is
-        graphed, hybrid keeps its host stops unless asked: there gates made the demo's hybrid
-        runs noisier (its bisect took ~150 s and named no culprit in 2 of 3 runs, against
-        ~100 s and none missed on host stops; 2-core CI box, docs/perf.md round AZ)."""
-        if self.moe_strategy not in ("offload", "hybrid") or self.zero_copy:
+        """offload, hybrid: decode is one graph per step whose MoE layers each wait on the
+        device until the host has fetched their misses (ft.engine.strategies.gated), rather
+        than a host stop per layer (--no-moe-gates). On the H200 box (docs/performance.md):
+        offload 3-6% ahead of host stops at batch 1 and ~7% at batch 4; hybrid 74-76% of its
+        roofline against 57-63% on host stops. On the CPU, where nothing is graphed, hybrid
+        keeps its host stops unless asked: there gates made the demo's hybrid runs noisier
+        (its bisect named no culprit in 2 of 3 runs, against none missed on host stops)."""
+        if self.moe_strategy not in ("offload", "hybrid"):
             return False
         if self.moe_strategy == "hybrid" and self.device != "cuda":
             return bool(self.moe_gates)
@@ -334,7 +310,7 @@ class EngineConfig:
         return ", ".join(shown)
 
 
-def check_prefetch_depth(depth: int | str, name: str = "moe_prefetch_depth") -> int | str:
+def check_prefetch_depth(depth: int | str) -> int | str:
     """-> "auto" or the depth as an int (layers a stop guesses ahead; a command line's text
     taken as one); FtError unless it is 1..MAX_PREFETCH_DEPTH or auto."""
     if isinstance(depth, str) and depth.strip().lower() == "auto":
@@ -342,7 +318,7 @@ def check_prefetch_depth(depth: int | str, name: str = "moe_prefetch_depth") -> 
     if isinstance(depth, str) and depth.strip().isdigit():
         depth = int(depth)
     if not isinstance(depth, int) or not 1 <= depth <= MAX_PREFETCH_DEPTH:
-        raise FtError(f"{name} must be 1..{MAX_PREFETCH_DEPTH} or auto, got {depth!r}")
+        raise FtError(f"moe_prefetch_depth must be 1..{MAX_PREFETCH_DEPTH} or auto, got {depth!r}")
     return depth
 
 
@@ -365,6 +341,14 @@ def _resolve_device(device: str | None) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise FtError("device 'cuda' requested but torch sees no CUDA GPU")
     return device
+
+
+def torch_dtype(name: str):
+    """The torch dtype named in DTYPES ("bfloat16" -> torch.bfloat16): the one dtype table."""
+    import torch
+
+    check_choice("dtype", name, DTYPES)
+    return getattr(torch, name)
 
 
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

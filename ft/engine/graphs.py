@@ -7,8 +7,8 @@ captured once per (batch size, KV length bucket) and replayed:
     offload, hybrid               [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
     --no-moe-gates (host_stop):   -host- ... [L47 experts, norm, lm_head]     49 graphs
     offload, hybrid (device       the same 49 stretches as 1 graph; the host
-    gates, the default),          follows it, never stops it (gates: each MoE
-    --moe-zero-copy (host_follows): layer waits on the device for the host)
+    gates, the default;           follows it, never stops it: each MoE layer
+    host_follows):                waits on the device for the host
 
 At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
 misses (copies on the cache's stream) and writes their slots in the cache's slot table, which the
@@ -23,13 +23,11 @@ A stretch's last kernels write what the host and the next stretch read, with no 
 the norm after attention writes h and x, and one GEMM over the cut's and the guessed cuts'
 routers (consecutive rows of MoeModel.routers) and one top-k write the ids, guesses and weights
 (round AH in docs/perf.md: 33 us less a stretch on the GPU).
-With zero-copy misses (`follow_step`), the expert kernels read a missing expert from host memory
-themselves, so no stretch waits for the host: the whole step is queued as one graph, each stretch
-writes its routing rows into pinned memory (`StopRows`), and the host, polling those, does each
-cut's bookkeeping and copies while the GPU runs ahead; with device gates (`--moe-gates`) each
-layer's work list first waits on the device until the host has done that cut's part
-(ft.engine.experts.zero_copy), so the GPU never runs past the host; while the host waits for a
-cut's rows it keeps the copy engine fed (`strategy.top_up`).
+With device gates (`follow_step`) the whole step is queued as one graph, each stretch writes its
+routing rows into pinned memory (`StopRows`), and the host, polling those, does each cut's
+bookkeeping and copies; each layer's work list first waits on the device until the host has done
+that cut's part (ft.engine.experts.gated), so the GPU never runs past the host; while the host
+waits for a cut's rows it keeps the copy engine fed (`strategy.top_up`).
 Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
 step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
 masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
@@ -109,7 +107,7 @@ def cut_layers(model, strategy) -> list[int]:
 
 
 class StopRows:
-    """Zero-copy decode: each cut's stop columns (routed ids, then guesses) as the step's graph
+    """Decode on gates: each cut's stop columns (routed ids, then guesses) as the step's graph
     writes them, [cuts, B, (1 + depth) K] int64 in pinned host memory that the router's top-k
     writes through its device address and the host polls; -1 until written, reset once read.
     (Host stops read their ids back with a sync instead: polling these rows was level with it
@@ -207,7 +205,7 @@ def run_stretch(model, cuts: list[int], k: int, src: Handoff, dst: Handoff, inpu
     # the cut's routing and the next cuts' guesses from the same x: one GEMM, one top-k
     ahead = guessed_cuts(cuts, k, layer.moe.depth_at(b))
     router = model.routers_of(k, 1 + len(ahead))
-    # zero-copy decode (`stop`): the top-k also writes the ids and guesses where the host polls
+    # decode on gates (`stop`): the top-k also writes the ids and guesses where the host polls
     route(model.cfg, router, x, layer.kernel, out=(dst.stop[:b], dst.weights[:b]), mirror=stop)
     return dst.rows(b)
 
@@ -246,11 +244,11 @@ def stop(strategy, cuts: list[int], k: int, handoff: Handoff) -> list[tuple]:
 def follow_step(
     strategy, cuts: list[int], rows: StopRows, b: int, launch, handoffs=None
 ) -> torch.Tensor:
-    """The host's side of a decode step it follows (zero-copy, device gates): `launch()`
-    queues the whole step (zero-copy: the GPU waits for no one; gates: each cut for its
-    `follow`, the gates shut first by `begin_step`) and returns its logits; then, cut by cut as
-    the GPU publishes them, the host hands the routed ids and the guesses of the next cuts to
-    `strategy.follow`, which copies experts in for this cut (gates), later layers and tokens.
+    """The host's side of a decode step it follows (device gates): `launch()` queues the whole
+    step (each cut waiting for its `follow`, the gates shut first by `begin_step`) and returns
+    its logits; then, cut by cut as the GPU publishes them, the host hands the routed ids and
+    the guesses of the next cuts to `strategy.follow`, which copies experts in for this cut,
+    later layers and tokens.
     A guess for a cut the GPU has routed already is dropped: it comes too late to help.
     handoffs: the step's two Handoff buffers; cut k's input is in the one stretch k writes
     (hybrid's CPU experts read it)."""
@@ -268,7 +266,7 @@ def follow_step(
         ]
         inputs = handoffs[(k + 1) % 2].rows(b) if handoffs is not None else None
         strategy.follow(cut, columns(got, 0, top_k), guesses, inputs)
-    if strategy.guesses_next_token:  # the step's last rows: the next token's first cuts
+    if strategy.host_follows:  # the step's last rows: the next token's first cuts
         ahead = next_token_cuts(cuts, depth)
         got = rows.wait(len(cuts), b, len(ahead) * top_k, strategy.top_up)
         strategy.guess_next_token([(cut, columns(got, j, top_k)) for j, cut in enumerate(ahead)])
@@ -292,10 +290,10 @@ class DecodeGraphs:
         self.handoffs = [
             Handoff.allocate(max_batch, model.cfg, dtype, device, depth) for _ in range(2)
         ]
-        self.rows = None  # zero-copy decode: the cuts' stop columns, polled by the host
+        self.rows = None  # decode on gates: the cuts' stop columns, polled by the host
         if strategy.host_follows:
             width = (1 + depth) * model.cfg.top_k
-            cuts = len(self.cuts) + (1 if strategy.guesses_next_token else 0)
+            cuts = len(self.cuts) + 1  # and the next token's guesses
             self.rows = StopRows(cuts, max_batch, width, device)
         self.graphs: dict[tuple[int, int], list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]] = {}
         self.pool = None
@@ -310,7 +308,7 @@ class DecodeGraphs:
         self.positions[:b].copy_(batch.positions)
         self.slots[:b].copy_(batch.slots)
         key = (b, kv_bucket(max(s.start for s in batch.spans) + 1, self.max_len, self.bucket))
-        if self.rows is not None:  # zero-copy: the whole step is one graph the host follows
+        if self.rows is not None:  # gates: the whole step is one graph the host follows
             replay = lambda: self._replay(key)  # noqa: E731
             out = follow_step(self.strategy, self.cuts, self.rows, b, replay, self.handoffs)
         else:
@@ -318,7 +316,7 @@ class DecodeGraphs:
         return out.clone()  # graphs share one memory pool: the next replay may reuse `out`
 
     def _replay(self, key: tuple[int, int], k: int | None = None) -> torch.Tensor:
-        """Replay stretch k, or with k None the whole step as one graph (zero-copy), captured
+        """Replay stretch k, or with k None the whole step as one graph (gates), captured
         on first use -> its output (the Handoff rows it writes, or the logits)."""
         graphs = self.graphs.setdefault(key, [])
         if k is None:

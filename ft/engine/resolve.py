@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ft.engine.config import EngineConfig, ModelConfig
+from ft.engine.config import EngineConfig, ModelConfig, torch_dtype
 from ft.engine.formats import get_format
 from ft.engine.memory import GIB, plan_kv
 from ft.engine.model.attention import KVCache
@@ -22,7 +22,6 @@ from ft.profile import Decision, decide, default_path, fetch_log_line, load_prof
 
 log = get_logger("ft.engine")
 FALLBACK_MAX_FETCH = 0.5  # hybrid's fetch fraction when no profile says better
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def _from_profile(lookup: ProfileLookup, fmt: str) -> tuple[str, str]:
 def resident_bytes(config: EngineConfig, cfg: ModelConfig, reader: CheckpointReader) -> int:
     """Device bytes of resident: dense weights + KV cache + every routed expert + the margin,
     from the checkpoint's headers (nothing is loaded yet)."""
-    dtype = _DTYPES[config.dtype]
+    dtype = torch_dtype(config.dtype)
     elem = torch.tensor([], dtype=dtype).element_size()
     dense = sum(math.prod(reader.shape(n)) for n in reader.names() if not is_routed_expert(n))
     per_expert = get_format(cfg.expert_format).expert_bytes(

@@ -12,7 +12,6 @@ import torch
 from ft import settings
 from ft.engine.builder import build_engine_parts
 from ft.engine.config import EngineConfig
-from ft.engine.cpu.threads import ThreadPin, engine_core, format_cores
 from ft.engine.model.attention import Batch, Span
 from ft.engine.model.sampling import SamplingParams, sample
 from ft.engine.scheduler import Scheduler, Sequence, StepOutput
@@ -36,7 +35,7 @@ class EngineStats:
     cache_hits: int = 0
     cache_misses: int = 0
     experts_fetched: int = 0
-    experts_in_place: int = 0  # read from host memory by the device (--moe-zero-copy)
+    experts_in_place: int = 0  # read from host memory by the device (a copy past its bound)
     bytes_fetched: int = 0  # expert bytes over PCIe: copies and reads in place
     experts_cpu: int = 0
     experts_cpu_inline: int = 0
@@ -74,7 +73,6 @@ class LLMEngine:
         self._stats = EngineStats()
         self.last_step: dict = {}  # per-step counters of the latest step (hits, misses, bytes...)
         self.graphs = self._decode_graphs(running)
-        self._pin = self._engine_thread_pin()
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None) -> int:
         params = params or SamplingParams()
@@ -94,8 +92,6 @@ class LLMEngine:
             raise FtError(f"prompt token ids must be in [0, {vocab})")
 
     def step(self) -> list[StepOutput]:
-        if self._pin:
-            self._pin.hold()
         outputs, self._aborted = self._aborted, []
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
@@ -104,19 +100,6 @@ class LLMEngine:
         token_ids = self._run(seqs, is_prefill)
         self._account(seqs, is_prefill, time.perf_counter() - start, before)
         return outputs + self.scheduler.postprocess(seqs, token_ids)
-
-    def _engine_thread_pin(self) -> ThreadPin | None:
-        """A pin for the stepping thread, on the core the CPU MoE pool leaves (logged)."""
-        if not self.config.pin_engine_thread:  # opt-in: no clear gain measured (round Z)
-            return None
-        pool = self.strategy.pool_cores()
-        core = engine_core(pool)
-        if core is None:
-            log.info("engine thread not pinned: the CPU MoE pool takes every allowed core")
-            return None
-        where = f"the CPU MoE pool has {format_cores(pool)}" if pool else "no CPU MoE pool"
-        log.info(f"engine thread pinned to core {core} from its first step ({where})")
-        return ThreadPin(core)
 
     def _decode_graphs(self, max_batch: int):
         """CUDA graphs for decode (unless FT_CUDA_GRAPHS=0) where the strategy allows them."""
@@ -131,12 +114,9 @@ class LLMEngine:
         per = "step" if one_graph else "stretch between MoE layers' host stops"
         keys = "" if graphs.bucket == self.max_model_len else f" and {graphs.bucket}-key bucket"
         how = ""
-        if strategy.host_follows and strategy.gates:
+        if strategy.host_follows:
             how = " (device gates: each MoE layer waits on the GPU until the host has fetched its "
             how += "misses; no host sync or launch per layer)"
-        elif strategy.host_follows:
-            how = " (zero-copy: misses read in place from host memory; the host follows each MoE "
-            how += "layer and never stops the GPU)"
         log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}{how}")
         if self.strategy.prefetch_depth:  # only the graphed stops prefetch
             single, batched = self.strategy.prefetch_depths
@@ -200,6 +180,4 @@ class LLMEngine:
         return EngineStats(**{**self._stats.__dict__, **fields})
 
     def close(self) -> None:
-        if self._pin:
-            self._pin.release()
         self.strategy.close()

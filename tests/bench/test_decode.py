@@ -92,7 +92,7 @@ def test_peer_accelerate_on_the_cpu(model):
         (["--batch", "1,x"], "--batch takes comma-separated integers"),
         (["--batch", "0"], "--batch sizes must be at least 1"),
         (["--peer", "vllm"], "--peer 'vllm'"),
-        (["--moe-prefetch-depth", "9"], "--moe-prefetch-depth must be 1..4 or auto, got 9"),
+        (["--moe-prefetch-depth", "9"], "moe_prefetch_depth must be 1..4 or auto, got 9"),
     ],
 )
 def test_bad_flags_are_one_line_errors(flags, message):

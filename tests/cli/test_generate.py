@@ -106,7 +106,7 @@ def test_bad_input_is_one_line_error(synth_tiny, tmp_path, spoil, extra, message
         (["--prompt-ids", "1,a"], "comma-separated"),
         (["--prompt-ids", "1", "--moe-strategy", "warp"], "unknown moe_strategy"),
         (["--prompt-ids", "1", "--temperature", "-1"], "temperature"),
-        (["--prompt-ids", "1", "--moe-zero-copy"], "--moe-zero-copy is offload's"),
+        (["--prompt-ids", "1", "--moe-gates"], "--moe-gates is offload's and hybrid's"),
     ],
 )
 def test_flag_mistakes_in_process(args, message):

@@ -38,7 +38,7 @@ def test_decode_attention_setting(monkeypatch, value, expected):
 def test_triton_decode_only_where_the_fused_kernels_are_triton(monkeypatch):
     monkeypatch.setenv("FT_DECODE_ATTENTION", "triton")
     assert decode_backend("triton", 128) == "triton"
-    assert decode_backend("torch", 128) == "sdpa"  # CPU, or FT_MOE_KERNEL=torch
+    assert decode_backend("torch", 128) == "sdpa"  # CPU, or CUDA without Triton
     assert decode_backend("triton", 8) == "sdpa"  # tl.dot needs d >= 16
     monkeypatch.setenv("FT_DECODE_ATTENTION", "sdpa")
     assert decode_backend("triton", 128) == "sdpa"

@@ -48,9 +48,8 @@ def test_engine_config_defaults_resolve():
 @pytest.mark.parametrize(
     "settings, depths",
     [
-        (dict(moe_strategy="offload"), (3, 2)),  # device gates: 3 at batch 1 (round AU)
+        (dict(moe_strategy="offload"), (3, 2)),  # device gates: 3 at batch 1
         (dict(moe_strategy="offload", moe_gates=False), (2, 2)),  # host stops
-        (dict(moe_strategy="offload", moe_zero_copy=True), (2, 2)),
         (dict(moe_strategy="hybrid"), (2, 2)),  # on the CPU: its host stops by default
         (dict(moe_strategy="hybrid", moe_gates=True), (3, 2)),  # on gates (CUDA's default)
         (dict(moe_strategy="offload", moe_prefetch_depth="3"), (3, 3)),  # as the CLI gives it
@@ -98,16 +97,16 @@ def test_model_config_rejects(raw, message):
 
 
 @pytest.mark.parametrize(
-    "strategy, zero_copy, gates, given, window",
+    "strategy, gates, given, window",
     [
-        ("offload", None, None, None, 2), ("offload", True, None, None, 8),
-        ("hybrid", None, True, None, 2), ("hybrid", None, None, None, 0),  # gates, host stops
-        ("offload", None, None, 0, 0), ("offload", True, None, 3, 3), ("hybrid", None, None, 3, 3),
+        ("offload", None, None, 2), ("offload", False, None, 2),  # gates, host stops
+        ("hybrid", True, None, 2), ("hybrid", None, None, 0),  # gates, host stops
+        ("offload", None, 0, 0), ("offload", False, 3, 3), ("hybrid", None, 3, 3),
     ],
 )  # fmt: skip
-def test_prefetch_window_is_the_strategy_s_unless_given(strategy, zero_copy, gates, given, window):
+def test_prefetch_window_is_the_strategy_s_unless_given(strategy, gates, given, window):
     config = EngineConfig(
-        model="m", device="cpu", moe_strategy=strategy, moe_zero_copy=zero_copy,
-        moe_gates=gates, moe_prefetch_window=given,
+        model="m", device="cpu", moe_strategy=strategy, moe_gates=gates,
+        moe_prefetch_window=given,
     )  # fmt: skip
     assert config.prefetch_window == window

@@ -22,7 +22,6 @@ from ft.engine.cpu.pool import (
     ready_line,
     split_range,
 )
-from ft.engine.cpu.threads import ThreadPin, engine_core
 from ft.errors import FtError
 
 D, INTER, EXPERTS = 64, 48, 6
@@ -243,36 +242,3 @@ def test_expert_jobs_from_routing_match_a_dense_moe(tokens):
         assert pool.stats.experts_in_pool == len(jobs) == topk_ids.unique().numel()
     expected = ref_dense_moe(x, w13, w2, topk_ids, topk_weights)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-
-
-def _affinity_in_thread(action) -> tuple[set[int], set[int]]:
-    """Run `action(thread_pin_holder)` on a new thread -> (its mask after, its mask before)."""
-    result = {}
-
-    def run():
-        result["before"] = os.sched_getaffinity(0)
-        action()
-        result["after"] = os.sched_getaffinity(0)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join()
-    return result["after"], result["before"]
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux affinity")
-def test_thread_pin_holds_the_stepping_thread_and_gives_its_mask_back():
-    core = sorted(os.sched_getaffinity(0))[-1]
-    pin = ThreadPin(core)
-    after, before = _affinity_in_thread(pin.hold)
-    assert after == {core}
-    after, _ = _affinity_in_thread(lambda: (pin.hold(), pin.release()))
-    assert after == before  # released on that thread: as it was
-
-
-def test_engine_core_is_the_last_one_the_pool_leaves(monkeypatch):
-    monkeypatch.setattr(cpuinfo, "allowed_cores", lambda: [0, 1, 2, 3])
-    assert engine_core([0, 1, 2]) == 3
-    assert engine_core([]) == 3
-    assert engine_core([1, 3]) == 2
-    assert engine_core([0, 1, 2, 3]) is None

@@ -306,8 +306,8 @@ def test_the_device_reads_the_slot_table_in_place():
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "nvfp4"])
 def test_an_expert_s_parts_lie_side_by_side_and_cross_in_one_copy(monkeypatch, fmt):
     """Each expert's parts are contiguous views into one aligned block of the layer, and a slot
-    is laid out alike, so loading an expert copies its block once; part by part gives the same
-    slot contents."""
+    is laid out alike, so loading an expert copies its block once; a store without blocks is
+    copied part by part, to the same slot contents."""
     from ft.engine.experts.store import ALIGN
 
     store = HostExpertStore.allocate(1, [0], 4, 256, 128, torch.bfloat16, fmt)
@@ -327,8 +327,8 @@ def test_an_expert_s_parts_lie_side_by_side_and_cross_in_one_copy(monkeypatch, f
         return real_copy(dst, src, **kw)
 
     for mode in ("whole", "parts"):
-        if mode == "parts":
-            monkeypatch.setenv("FT_EXPERT_COPY", "parts")
+        if mode == "parts":  # a store made some other way than in blocks
+            monkeypatch.setattr(store, "blocks", None)
         cache = ExpertCache(store, num_slots=2, device="cpu")
         sources.clear()
         monkeypatch.setattr(torch.Tensor, "copy_", counted_copy)

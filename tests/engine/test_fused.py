@@ -102,7 +102,7 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
             assert got.block_m == want.block_m
             distinct = {e for e in ids.flatten().tolist() if row is None or row[e] >= 0}
             assert int(uses[0]) == int(uses[1]) == len(distinct), (uses, distinct)
-        # zero-copy: experts 0, 3, 6.. have no slot, odd ones a slot whose data has not landed
+        # reads in place: experts 0, 3, 6.. have no slot, odd ones a slot whose data has not landed
         no_slot = torch.where(torch.arange(experts) % 3 == 0, -1, table).to(torch.int32)
         ready = torch.full((experts,), -7, dtype=torch.int32)
         ready[table[0::2].long()] = 5 * experts + torch.arange(0, experts, 2, dtype=torch.int32)

@@ -45,7 +45,7 @@ def test_stretches_between_host_stops_equal_the_model_forward(synth_tiny, strate
         model=str(synth_tiny[0]), device="cpu", max_model_len=64, moe_strategy=strategy_name,
         moe_cache_size=14, moe_prefetch=depth > 0, moe_prefetch_depth=max(depth, 1),
         moe_hybrid_max_fetch=0.3, cpu_moe_threads=1,
-        moe_gates=False,  # the host stops of offload and hybrid (gates: test_zero_copy.py)
+        moe_gates=False,  # the host stops of offload and hybrid (gates: test_gates.py)
     )  # fmt: skip
     engine = LLMEngine(config)
     model, strategy = engine.model, engine.strategy
@@ -176,7 +176,7 @@ def test_cuda_graphs_decode_like_eager(synth_tiny, monkeypatch):
 )
 def test_host_stop_graphs_decode_like_eager(synth_tiny, monkeypatch, strategy_name, prefetch):
     config = dict(moe_strategy=strategy_name, moe_cache_size=14, moe_prefetch=prefetch)  # evicts
-    config.update(moe_gates=False)  # host stops (gates: test_zero_copy.py, test_hybrid.py)
+    config.update(moe_gates=False)  # host stops (gates: test_gates.py, test_hybrid.py)
     if strategy_name == "hybrid":
         config.update(moe_hybrid_max_fetch=0.3, cpu_moe_threads=2)
     eager, eager_stats = generate(synth_tiny[0], monkeypatch, graphs=False, **config)

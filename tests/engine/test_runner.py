@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import threading
-
 import pytest
 
 from ft.engine.config import EngineConfig
-from ft.engine.cpu.threads import engine_core
 from ft.engine.runner import LLMEngine, SamplingParams
 from ft.errors import FtError
 
@@ -121,31 +117,3 @@ def test_kv_reserve_sets_slots_and_caps_max_model_len(qwen3_dir):
     assert short.max_model_len == 20
     out = run_all(short, [[1, 2, 3]], SamplingParams(max_tokens=50, ignore_eos=True))[0]
     assert len(out) == 20 - 3  # the sequence ends at max_model_len
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux affinity")
-def test_a_pinned_engine_holds_its_stepping_thread_on_the_core_the_pool_leaves(qwen3_dir, ft_log):
-    engine = engine_for(
-        qwen3_dir, moe_strategy="hybrid", moe_cache_size=2, cpu_moe_threads=1,
-        pin_engine_thread=True,
-    )  # fmt: skip
-    pool = engine.strategy.pool_cores()
-    core = engine_core(pool)
-    assert core is not None and core not in pool
-    assert f"engine thread pinned to core {core} from its first step" in ft_log.text
-    masks = {}
-
-    def serve():  # as ft serve does: the engine steps on a thread of its own
-        masks["before"] = os.sched_getaffinity(0)
-        engine.add_request([5, 9, 13], SamplingParams(max_tokens=2, ignore_eos=True))
-        while engine.has_unfinished():
-            engine.step()
-        masks["stepping"] = os.sched_getaffinity(0)
-        engine.close()
-        masks["closed"] = os.sched_getaffinity(0)
-
-    worker = threading.Thread(target=serve)
-    worker.start()
-    worker.join()
-    assert masks["stepping"] == {core}
-    assert masks["closed"] == masks["before"]

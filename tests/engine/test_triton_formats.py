@@ -56,7 +56,7 @@ def check(fmt: str) -> None:
         assert (blocks.block_slot < 0).any()  # a dead block is exercised
         got = reduce_pairs(blocks, triton_moe_pairs(x, bank, blocks, fmt), T)
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol, msg=f"{fmt} {dtype}")
-        # zero-copy: experts 0 and 3 read in place from a host bank (row = expert), their
+        # reads in place: experts 0 and 3 read in place from a host bank (row = expert), their
         # slots (2 and 3) zeroed so that reading them instead would show
         host = {k: torch.zeros_like(v) for k, v in bank.items()}
         for expert, slot in enumerate(SLOT_OF.tolist()):

@@ -47,47 +47,6 @@ def pin_to_core(core: int) -> None:
         log.warning("CPU MoE worker could not be pinned to core %d: %s", core, exc)
 
 
-def engine_core(pool_cores: list[int]) -> int | None:
-    """The core for the thread that steps the engine: the last allowed one that the CPU MoE
-    pool leaves free (None: it takes them all)."""
-    taken = set(pool_cores)
-    free = [core for core in cpuinfo.allowed_cores() if core not in taken]
-    return free[-1] if free else None
-
-
-class ThreadPin:
-    """Pins the thread that steps the engine to one core, at its first step (`hold`: the server
-    steps on a thread of its own, not the one that built the engine); `release` gives that thread
-    its mask back. Pinned, the host's side of decode neither migrates between cores nor shares
-    one with a pool worker."""
-
-    def __init__(self, core: int):
-        self.core = core
-        self._tid: int | None = None
-        self._saved: set[int] = set()
-
-    def hold(self) -> None:
-        tid = threading.get_native_id()
-        if tid == self._tid:
-            return
-        self.release()  # another thread steps now: the first gets its mask back
-        try:
-            self._saved = os.sched_getaffinity(tid)
-            os.sched_setaffinity(tid, {self.core})
-            self._tid = tid
-        except (AttributeError, OSError) as exc:
-            log.warning("engine thread could not be pinned to core %d: %s", self.core, exc)
-
-    def release(self) -> None:
-        if self._tid is None:
-            return
-        try:
-            os.sched_setaffinity(self._tid, self._saved)
-        except OSError:  # that thread has ended
-            pass
-        self._tid = None
-
-
 def lower_torch_threads(pool_threads: int) -> tuple[int, int]:
     """Leave torch's intra-op pool only the cores the CPU MoE pool does not take; logs it.
 

@@ -33,7 +33,6 @@ from contextlib import contextmanager
 
 import torch
 
-from ft import settings
 from ft.engine.experts.store import HostExpertStore, expert_blocks
 
 _TYPESTR = {torch.int32: "<i4", torch.int64: "<i8", torch.float32: "<f4"}
@@ -130,7 +129,6 @@ class ExpertCache:
         # a part, at each copy
         self._slot_parts = [[part[s] for part in self.bank.values()] for s in range(num_slots)]
         self._slot_block_rows = [[self._slot_blocks[s]] for s in range(num_slots)]
-        self._whole = settings.expert_copy() == "whole"  # round AR's comparison
         # (layer, expert) -> (whole block?, its host views to copy)
         self._expert_parts: dict[tuple[int, int], tuple[bool, list[torch.Tensor]]] = {}
         shape = (len(store.banks), store.num_experts)  # [layers, E]
@@ -307,7 +305,7 @@ class ExpertCache:
         slot = self._take_slot(stream)
         sources = self._expert_parts.get((layer, expert))
         if sources is None:  # the expert's block whole, else its parts in the bank's order
-            blocks = self.store.blocks[layer] if self.store.blocks and self._whole else None
+            blocks = self.store.blocks[layer] if self.store.blocks else None
             if blocks is not None and blocks.shape[1] == self._slot_blocks.shape[1]:
                 sources = (True, [blocks[expert]])
             else:

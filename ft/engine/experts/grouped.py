@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ft import settings
 from ft.engine.formats import get_format
 from ft.engine.kernels.codes import CPU_SHARE, ON_CPU
 
@@ -58,14 +57,14 @@ class CpuShare:
 
 @dataclass(frozen=True)
 class InPlace:
-    """Zero-copy decode: where a routed expert's slot is not ready, the expert is read in place
+    """Decode on gates: where a routed expert's slot is not ready, the expert is read in place
     from row `expert` of the host bank (slot `num_slots + expert` of the work list; see
     moe_pairs) and counted in `misses`. A slot is ready once `ready[slot]` holds the expert's
     code, `code_base + expert`, which the copy engine writes there behind the expert's data.
     On CUDA the plan waits a bounded time for a slot whose copy is still queued (`wait`), and,
     given a `gate` (device gates), first for the host to open it: the host has then queued the
-    copies of the layer's misses and named their slots in the table (ft.engine.experts.
-    zero_copy), unless the layer is `kept` and the table names a slot for each of its routed
+    copies of the layer's misses and named their slots in the table (ft.engine.experts.gated),
+    unless the layer is `kept` and the table names a slot for each of its routed
     experts. The torch path waits for neither."""
 
     num_slots: int
@@ -114,7 +113,7 @@ def plan_blocks(
 ) -> PairBlocks:  # fmt: skip
     """The decode work list from the router's ids [T, K] and weights [T, K], no host sync:
     slot = table[expert] (a cache's slot table row) or the expert id itself (table None);
-    with `in_place` (zero-copy decode), an expert whose slot is none or not ready gets its row
+    with `in_place` (decode on gates), an expert whose slot is none or not ready gets its row
     of the host store instead; `uses` (a counter on the device) += the distinct experts it
     computes from a slot. One Triton program on CUDA; blocks_on_device's torch ops elsewhere
     (the same list; they do not wait for a queued copy)."""
@@ -171,7 +170,7 @@ def blocks_from_groups(groups, slots: list[int], device) -> PairBlocks:
 def moe_pairs(x, bank: dict, blocks: PairBlocks, backend: str, fmt: str, host=None) -> torch.Tensor:
     """-> y [P, D] float32: weight * FFN_slot(x[tok]) per pair row (rows whose slot is -1 are
     not computed: undefined with Triton, 0 with torch; reduce_pairs leaves them out).
-    `bank`: part name -> [N, ...] in expert format `fmt`; `host` (zero-copy decode): a bank
+    `bank`: part name -> [N, ...] in expert format `fmt`; `host` (reads in place): a bank
     of the same format, part -> [E, ...] in pinned host memory: slot N + e reads its expert e
     there, in place."""
     if backend == "triton":
@@ -220,7 +219,7 @@ def torch_moe_pairs(x, bank: dict, blocks: PairBlocks, fmt: str, host=None) -> t
             w13, w2 = form.slot_weights(bank, slot, x.dtype)  # [2I, D], [D, I]
         else:
             w13, w2 = form.slot_weights(host, slot - num_slots, x.dtype)  # read in place
-            w13, w2 = w13.to(x.device), w2.to(x.device)  # (CUDA with FT_MOE_KERNEL=torch)
+            w13, w2 = w13.to(x.device), w2.to(x.device)  # (CUDA without Triton)
         gate, up = F.linear(x[blocks.tok[start:end]], w13).chunk(2, dim=-1)  # [n, I] each
         h = F.linear(F.silu(gate) * up, w2)  # [n, D]
         y[start:end] = h * blocks.weight[start:end, None].to(h.dtype)
@@ -242,9 +241,8 @@ def ref_moe_pairs(x, bank: dict, tok, slot, weight, fmt: str = "bf16") -> torch.
 
 
 def pick_backend(device: torch.device | str) -> str:
-    """'triton' on CUDA when Triton imports (FT_MOE_KERNEL=torch forces torch), else 'torch'."""
-    choice = settings.moe_kernel()
-    if torch.device(device).type != "cuda" or choice == "torch":
+    """'triton' on CUDA when Triton imports, else 'torch'."""
+    if torch.device(device).type != "cuda":
         return "torch"
     try:
         import triton  # noqa: F401

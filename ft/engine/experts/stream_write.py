@@ -12,14 +12,11 @@ import functools
 
 import torch
 
-from ft import settings
-
 
 def stream_writer(device_index: int):
     """-> write(stream handle, device address, value) on this CUDA device, or None where the
-    driver has no stream memory operations (the caller copies the value instead).
-    FT_READY_MARK=copy forces None (the copy, to compare the two)."""
-    return None if settings.ready_mark() == "copy" else _driver_writer(device_index)
+    driver has no stream memory operations (the caller copies the value instead)."""
+    return _driver_writer(device_index)
 
 
 @functools.cache

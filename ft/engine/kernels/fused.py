@@ -191,7 +191,7 @@ def _plan_kernel(
     opened = 0
     if GATE:  # device gates: the host has fetched the layer's misses once it lets it go
         slot, opened = _gated_slots(key, ok, table_ptr, gate_ptr, kept_ptr)
-    elif TABLE:  # volatile: the host may rewrite the table while a step runs (zero-copy decode)
+    elif TABLE:  # volatile: the host may rewrite the table while a step runs (eager gates)
         slot = tl.load(table_ptr + key, mask=ok, other=-1, volatile=True)
     else:
         slot = key
@@ -239,10 +239,10 @@ def plan_pairs(
 ) -> None:  # fmt: skip
     """The decode work list in one program: pairs ordered by expert id (stable), each run's
     first row owning a block; slot = table[expert] (table None: the expert id itself); row_of
-    [P]: the row each pair (in routing order) lands on. in_place (grouped.InPlace, zero-copy
-    decode): an expert whose slot is not ready gets num_slots + expert (read from the host store
+    [P]: the row each pair (in routing order) lands on. in_place (grouped.InPlace, decode on
+    gates): an expert whose slot is not ready gets num_slots + expert (read from the host store
     in place) and counts once in its misses; with a gate, the plan first waits for the host to
-    open it (it has then fetched the layer's misses: ft.engine.experts.zero_copy), unless the
+    open it (it has then fetched the layer's misses: ft.engine.experts.gated), unless the
     host keeps the layer's slots and the table names one for every routed expert (`_gated_slots`).
     uses (a device counter): += the distinct experts computed from a slot. Hybrid on gates
     (in_place.share): an expert the table marks ON_CPU is skipped where the host opened the

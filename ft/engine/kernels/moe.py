@@ -172,7 +172,7 @@ def _finish(acc, s_ptr, s2_ptr, srow, stride_sr, col_ok, HALF: tl.constexpr, FMT
 def _bases(w_ptr, s_ptr, s2_ptr, slot, NSLOT, host_w, host_s, host_s2, stride_ws, stride_ss,
            stride_s2):  # fmt: skip
     """The block's expert in the bank: slot < NSLOT is a cache slot; NSLOT + e is expert e of
-    the host bank (zero-copy decode), `host_*` element offsets from each bank part to it."""
+    the host bank (reads in place), `host_*` element offsets from each bank part to it."""
     in_host = slot >= NSLOT
     e = tl.where(in_host, slot - NSLOT, slot)
     w_base = w_ptr + (e * stride_ws + tl.where(in_host, host_w, 0))
@@ -281,7 +281,7 @@ def _as_bytes(part: torch.Tensor) -> torch.Tensor:
 
 def _host_offsets(bank: dict, host: dict | None, name: str, fmt: str) -> tuple[int, int, int]:
     """Element offsets from one weight's bank operands (w, scale, scale_2) to the host bank's
-    (zero-copy decode; 0 without one): the kernels add them to reach expert e in place. The
+    (reads in place; 0 without one): the kernels add them to reach expert e in place. The
     two banks must lay an expert out alike (same strides past the leading one)."""
     if host is None:
         return 0, 0, 0
@@ -299,7 +299,7 @@ def _host_offsets(bank: dict, host: dict | None, name: str, fmt: str) -> tuple[i
 def triton_moe_pairs(x: torch.Tensor, bank: dict, blocks, fmt: str, host=None) -> torch.Tensor:
     """-> y [P, D] float32 (rows no live block covers are left unwritten). Two kernel launches.
     bank: part name -> [N, ...] per the contract ("w13", "w2" and the format's scales); host
-    (zero-copy decode): the same parts [E, ...] in pinned host memory, which slot N + e reads
+    (reads in place): the same parts [E, ...] in pinned host memory, which slot N + e reads
     in place."""
     if fmt not in TILES:
         raise FtError(f"unknown expert format {fmt!r} (one of {', '.join(TILES)})")

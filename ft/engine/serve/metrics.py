@@ -34,7 +34,7 @@ ENGINE_COUNTERS = (
     (
         "ft_experts_in_place",
         "experts_in_place",
-        "Experts read in place from host memory by the device (--moe-zero-copy).",
+        "Experts read in place from host memory by the device (a copy past its bound).",
     ),
     (
         "ft_expert_bytes_fetched",

@@ -29,14 +29,10 @@ def build_strategy(
 
         if cache_size is None:
             raise FtError("offload needs a cache size (resolve it with ft.engine.memory)")
-        if config.zero_copy or config.gates:
-            from ft.engine.strategies.zero_copy import ZeroCopyOffloadStrategy
-
-            return ZeroCopyOffloadStrategy(
-                store, config.device, cache_size, config.prefetch_depths, config.prefetch_window,
-                gates=config.gates,
-            )  # fmt: skip
-        return OffloadStrategy(
+        kind = OffloadStrategy
+        if config.gates:
+            from ft.engine.strategies.gated import GatedOffloadStrategy as kind
+        return kind(
             store, config.device, cache_size, config.prefetch_depths, config.prefetch_window
         )
     if config.moe_strategy == "hybrid":

@@ -25,13 +25,11 @@ class MoeStrategy:
     # and the experts' compute after it (`compute`) never waits for the host: the step is one
     # CUDA graph per stretch between stops (ft.engine.graphs).
     host_stop = False
-    # True: decode never waits for the host: the step is one CUDA graph, and the host follows it
-    # layer by layer (`follow`, given each layer's routing as the graph writes it) to fetch
-    # for later layers and tokens (offload --moe-zero-copy; ft.engine.graphs)
+    # True: the step is one CUDA graph, and the host follows it layer by layer (`follow`, given
+    # each layer's routing as the graph writes it), each layer's experts waiting on the device
+    # until the host has fetched its misses (device gates; ft.engine.graphs); the step's end
+    # guesses the next token's first layers for the host (`guess_next_token`)
     host_follows = False
-    # host_follows strategies: True: each layer's experts wait on the device until the host has
-    # fetched its misses (device gates), rather than reading them in place
-    gates = False
 
     def __init__(self, store: HostExpertStore, device: torch.device | str = "cpu"):
         self.store = store
@@ -84,10 +82,6 @@ class MoeStrategy:
         [T, K]: a graphs.Handoff), for a strategy that computes some experts on the CPU."""
         raise NotImplementedError
 
-    # host_follows strategies: True: the step's end guesses the next token's first layers
-    # (graphs.guess_next_token) and the host hands them to guess_next_token
-    guesses_next_token = False
-
     def guess_next_token(self, guesses: list[tuple]) -> None:
         """The step is done on the device; guesses: (layer, ids [T][K]) of the next token's
         first MoE layers, nearest first."""
@@ -116,10 +110,6 @@ class MoeStrategy:
     def counters(self) -> dict[str, int]:
         """Cumulative: cache_hits + cache_misses == expert_uses for every strategy."""
         raise NotImplementedError
-
-    def pool_cores(self) -> list[int]:
-        """Cores this strategy's CPU MoE pool is pinned to (none: it has no pool)."""
-        return []
 
     def close(self) -> None:
         pass

@@ -41,8 +41,8 @@ from ft.engine.experts.grouped import (
     MAX_DEVICE_PAIRS,
     CpuShare,
 )
+from ft.engine.strategies.gated import GatedOffloadStrategy, flat_guesses
 from ft.engine.strategies.offload import OffloadStrategy
-from ft.engine.strategies.zero_copy import ZeroCopyOffloadStrategy, flat_guesses
 
 # The CPU wins only at a few tokens per expert (decode); an expert with more tokens than this is
 # always fetched, whatever the fraction (the seed's executor line says max_tokens=4).
@@ -132,9 +132,6 @@ class CpuPoolSide:
         self.experts_cpu_total += len(jobs)
         return self.pool.submit(x_host, jobs)
 
-    def pool_cores(self) -> list[int]:
-        return list(self.pool.cores)
-
     def close(self) -> None:
         self.pool.close()
         if self._torch_threads_before is not None:  # give torch its cores back
@@ -216,9 +213,9 @@ class HybridStrategy(CpuPoolSide, OffloadStrategy):
         )  # fmt: skip
 
 
-class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
+class GatedHybridStrategy(CpuPoolSide, GatedOffloadStrategy):
     """`hybrid` on device gates (its default on CUDA): hybrid's split of the misses on offload's
-    gates. The step is one graph the host follows (ft.engine.strategies.zero_copy); at a layer
+    gates. The step is one graph the host follows (ft.engine.strategies.gated); at a layer
     with misses the host copies the fetched ones as offload does, and for the CPU's ones copies
     the layer's input and weights back (on a side stream: the GPU waits at the gate, so they
     stay put), runs them on the pool, writes their sum [T, D] into the layer's pinned row of
@@ -232,7 +229,7 @@ class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
         cpu_max_tokens: int = CPU_MAX_TOKENS, torch_threads_before: int | None = None,
         prefetch_depth: int | tuple[int, int] = 2, prefetch_window: int = 0,
     ):  # fmt: skip
-        super().__init__(store, device, num_slots, prefetch_depth, prefetch_window, gates=True)
+        super().__init__(store, device, num_slots, prefetch_depth, prefetch_window)
         self._init_cpu(pool, max_fetch, cpu_max_tokens, torch_threads_before)
         cuda = torch.device(device).type == "cuda"
         layers, shape = len(store.banks), (MAX_DEVICE_PAIRS, store.hidden_size)
@@ -297,7 +294,7 @@ class GatedHybridStrategy(CpuPoolSide, ZeroCopyOffloadStrategy):
         return self.compute(layer, x, topk_ids, topk_weights)
 
     def counters(self) -> dict[str, int]:
-        counts, pool = ZeroCopyOffloadStrategy.counters(self), self.pool.stats
+        counts, pool = GatedOffloadStrategy.counters(self), self.pool.stats
         counts.update(experts_cpu=pool.experts_in_pool, experts_cpu_inline=pool.experts_inline)
         return counts
 

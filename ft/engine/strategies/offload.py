@@ -1,6 +1,6 @@
 """`offload --no-moe-gates`: experts in (pinned) host memory, an N-slot device cache; a miss is
 copied into a slot, then computed on the device, at a host stop per MoE layer. (Offload's
-default, device gates, builds on it: ft.engine.strategies.zero_copy.)
+default, device gates, builds on it: ft.engine.strategies.gated.)
 
 Decode, per layer: one host sync (the router's ids, to learn which experts miss), the misses'
 copies on the cache's side stream, their slots written in the cache's slot table (`prepare`),

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ft.cpuinfo import allowed_cores
-from ft.engine.config import ModelConfig
+from ft.engine.config import ModelConfig, torch_dtype
 from ft.engine.experts.dispatch import add_expert, group_by_expert
 from ft.engine.formats import get_format
 from ft.engine.formats.base import PROJECTIONS
@@ -40,7 +40,6 @@ from ft.errors import FtError
 
 SAMPLE_SEQS, SAMPLE_LEN = 4, 64  # routing sample: sequences x tokens
 ZIPF, DRIFT, NOISE = 1.0, 1.5, 0.5  # router logit scales: popularity, slow drift, per-token
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -78,7 +77,7 @@ def synth_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        stats = _write(hf, tmp, DTYPES[dtype], seed, on_layer or (lambda done, total: None))
+        stats = _write(hf, tmp, torch_dtype(dtype), seed, on_layer or (lambda done, total: None))
         if out.exists():
             out.rmdir()
         tmp.rename(out)  # the checkpoint appears whole or not at all

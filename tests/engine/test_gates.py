@@ -1,7 +1,8 @@
-"""offload --moe-zero-copy: a miss read in place from the host store, decode that never stops
-for the host, and the cache the host keeps warm as it follows the step (ft.engine.experts.
-zero_copy, ft.engine.strategies.zero_copy, graphs.follow_step / StopRows). On the CPU the
-"device" reads the same memory, so these check the logic; tests marked gpu check it on CUDA."""
+"""Decode on device gates (offload's default): each layer waits on the device for the host to
+fetch its misses, a copy past its bound read in place from the host store, and the cache the
+host keeps warm as it follows the step (ft.engine.experts.gated, ft.engine.strategies.gated,
+graphs.follow_step / StopRows). On the CPU the "device" reads the same memory, so these check
+the logic; tests marked gpu check it on CUDA."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from ft.engine.config import EngineConfig
+from ft.engine.experts import gated as gated_cache
+from ft.engine.experts import stream_write
+from ft.engine.experts.gated import GatedCache
 from ft.engine.experts.grouped import InPlace, moe_pairs, plan_blocks, reduce_pairs
 from ft.engine.experts.store import expert_blocks
 from ft.engine.experts.stream_write import stream_writer
-from ft.engine.experts.zero_copy import ZeroCopyCache
 from ft.engine.graphs import Handoff, StopRows, cut_layers, follow_step, run_stretch
 from ft.engine.model.decoder import route
 from ft.engine.model.fused import rms_norm
@@ -32,53 +35,33 @@ def engine(model_dir, device="cpu", **kw) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(model_dir), device=device, dtype="float32", **kw))
 
 
-@pytest.mark.parametrize("mode", ["zero_copy", "gates"])
-def test_zero_copy_offload_decodes_like_resident_and_counts_what_it_read_in_place(synth_tiny, mode):
+def test_gated_offload_decodes_like_resident_and_counts_what_it_read_in_place(synth_tiny):
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     resident = run_all(engine(synth_tiny[0]), PROMPTS, params)
-    zero_copy = engine(
-        synth_tiny[0], moe_strategy="offload", moe_cache_size=6, **{f"moe_{mode}": True}
-    )
-    assert type(zero_copy.strategy).__name__ == "ZeroCopyOffloadStrategy"
-    assert zero_copy.strategy.gates == (mode == "gates")
-    assert run_all(zero_copy, PROMPTS, params) == resident  # batch 4, a cache of 6 slots
-    one = run_all(zero_copy, PROMPTS[:1], params)  # batch 1 on the warm cache
+    gated = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6)  # gates: the default
+    assert type(gated.strategy).__name__ == "GatedOffloadStrategy"
+    assert run_all(gated, PROMPTS, params) == resident  # batch 4, a cache of 6 slots
+    one = run_all(gated, PROMPTS[:1], params)  # batch 1 on the warm cache
     assert one == {0: resident[0]}
-    c = zero_copy.strategy.counters()
+    c = gated.strategy.counters()
     assert c["cache_hits"] + c["cache_misses"] == c["expert_uses"]
     assert c["cache_misses"] > 0 and c["cache_hits"] > 0
-    if mode == "zero_copy":  # a miss is read in place
-        assert c["experts_in_place"] == c["cache_misses"] - zero_copy.strategy.cache.misses > 0
-    else:  # copied and waited for; in place only where the layer's experts outnumber the slots
-        assert 0 < c["cache_misses"] - c["experts_in_place"] <= c["experts_fetched"]
-    expert_bytes = zero_copy.strategy.store.expert_bytes
+    # copied and waited for; in place only where the layer's experts outnumber the slots
+    assert 0 < c["cache_misses"] - c["experts_in_place"] <= c["experts_fetched"]
+    expert_bytes = gated.strategy.store.expert_bytes
     assert c["bytes_fetched"] == (c["experts_fetched"] + c["experts_in_place"]) * expert_bytes
 
 
-@pytest.mark.parametrize(
-    "settings, message",
-    [
-        (dict(moe_strategy="hybrid", moe_zero_copy=True), "--moe-zero-copy is offload's"),
-        (dict(moe_strategy="resident", moe_zero_copy=True), "--moe-zero-copy is offload's"),
-        (dict(moe_strategy="resident", moe_gates=True), "--moe-gates is offload's and hybrid's"),
-        (
-            dict(moe_strategy="offload", moe_gates=True, moe_zero_copy=True),
-            "--moe-zero-copy and --moe-gates are two ways",
-        ),
-    ],
-)
-def test_zero_copy_is_offload_s(settings, message):
-    with pytest.raises(FtError, match=message):
-        EngineConfig(model="m", device="cpu", **settings)
-    assert not EngineConfig(model="m", device="cpu", moe_strategy="offload").zero_copy
+def test_gates_are_offload_s_and_hybrid_s():
+    with pytest.raises(FtError, match="--moe-gates is offload's and hybrid's"):
+        EngineConfig(model="m", device="cpu", moe_strategy="resident", moe_gates=True)
 
 
 @pytest.mark.parametrize(
     "settings, gates",
     [
-        (dict(moe_strategy="offload"), True),  # offload's default (round AN)
+        (dict(moe_strategy="offload"), True),  # offload's default
         (dict(moe_strategy="offload", moe_gates=False), False),  # host stops
-        (dict(moe_strategy="offload", moe_zero_copy=True), False),  # misses read in place
         (dict(moe_strategy="hybrid"), False),  # on the CPU: its host stops by default
         (dict(moe_strategy="hybrid", moe_gates=True), True),  # its CPU experts at the gate
         (dict(moe_strategy="resident"), False),
@@ -227,8 +210,8 @@ def test_an_expert_marked_for_the_cpu_is_skipped_only_where_its_share_is_written
 
 
 def test_gates_copy_a_layer_s_misses_first_then_open_it(copies):  # noqa: F811
-    cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", 1, gates=True)
-    assert cache.reserve == 0 and int(cache.opened[0]) == 0
+    cache = GatedCache(make_store(layers=4, experts=8), 6, "cpu", 1)
+    assert int(cache.opened[0]) == 0
     cache.follow(0, [1, 2], [(1, [3]), (2, [4])])
     assert cache.cached()[:2] == [(0, 1), (0, 2)]  # the misses before any guess, window or not
     assert int(cache.opened[0]) == 1 and cache.misses == 2 and cache.prefetched == 1
@@ -247,8 +230,8 @@ def test_gates_copy_a_layer_s_misses_first_then_open_it(copies):  # noqa: F811
 def test_gates_without_kept_layers_take_the_slot_of_any_layer_but_the_one_they_open(
     copies, monkeypatch,  # noqa: F811
 ):  # fmt: skip
-    monkeypatch.setenv("FT_KEEP_AHEAD", "0")  # every layer waits for its gate
-    cache = ZeroCopyCache(make_store(layers=3, experts=8), 2, "cpu", gates=True)
+    monkeypatch.setattr(gated_cache, "KEEP_AHEAD", 0)  # every layer waits for its gate
+    cache = GatedCache(make_store(layers=3, experts=8), 2, "cpu")
     cache.ensure(2, [0, 1])  # both slots: a layer the GPU has not reached; its gate is shut
     cache.follow(0, [1, 2], [])
     assert cache.cached() == [(0, 1), (0, 2)] and int(cache.slot_table[2, 0]) == -1
@@ -260,8 +243,8 @@ def test_gates_without_kept_layers_take_the_slot_of_any_layer_but_the_one_they_o
 def test_gates_keep_the_layers_after_the_one_they_follow_and_take_no_slot_of_theirs(
     copies, monkeypatch,  # noqa: F811
 ):  # fmt: skip
-    monkeypatch.setenv("FT_KEEP_AHEAD", "2")
-    cache = ZeroCopyCache(make_store(layers=8, experts=8), 3, "cpu", gates=True)
+    monkeypatch.setattr(gated_cache, "KEEP_AHEAD", 2)
+    cache = GatedCache(make_store(layers=8, experts=8), 3, "cpu")
     assert cache.keep_ahead == 2  # at most a quarter of the layers
     for layer in (1, 2, 5):  # least recently used first: (1, 0), (2, 0), (5, 0)
         cache.ensure(layer, [0])
@@ -280,48 +263,15 @@ def test_gates_keep_the_layers_after_the_one_they_follow_and_take_no_slot_of_the
 
 
 def test_a_copy_marks_its_slot_ready_with_the_expert_s_code():
-    cache = ZeroCopyCache(make_store(layers=3, experts=8), 4, "cpu")
+    cache = GatedCache(make_store(layers=3, experts=8), 4, "cpu")
     cache.follow(0, [1], [(1, [2, 3])])  # the guesses of layer 1, then layer 0's miss
     for layer, expert in [(1, 2), (1, 3), (0, 1)]:
         assert int(cache.ready[cache.slot_of(layer, expert)]) == cache.code(layer, expert)
     assert cache.code(2, 5) == 2 * 8 + 5
 
 
-def test_following_takes_slots_only_from_layers_the_gpu_has_finished(copies):  # noqa: F811
-    cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu")
-    assert cache.reserve == 3
-    cache.ensure(3, [0, 1])  # prefill: LRU order (3,0) (3,1) (0,0) (0,1) (1,0) (2,0)
-    cache.ensure(0, [0, 1])
-    cache.ensure(1, [0])
-    cache.ensure(2, [0])
-    cache.follow(2, [0], [(3, [5, 6])])  # layers 0 and 1 are finished, 2 and 3 are not
-    assert cache.slot_of(3, 0) is not None and cache.slot_of(3, 1) is not None  # oldest: kept
-    assert [cache.slot_of(0, e) for e in (0, 1)] == [None, None]
-    assert cache.slot_of(1, 0) is None  # the reserve was refilled from layers 0 and 1
-    assert int(cache.slot_table[0, 0]) == -1  # the taken slots left the table at once
-    assert cache.slot_of(3, 5) is not None and cache.slot_of(3, 6) is not None
-    cache.follow(0, [7], [(1, [1, 2, 3, 4])])  # a step's first layer: no layer finished
-    assert cache.prefetched == 2 + 1  # one free slot left: the rest wait for a finished layer
-    assert cache.cached()[-1] == (1, 1)
-
-
-def test_a_window_feeds_the_guesses_before_the_misses_and_drops_what_is_known(copies):  # noqa: F811
-    cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", prefetch_window=1)
-    cache.follow(0, [1, 2], [(1, [3]), (2, [4])])
-    assert cache.cached() == [(1, 3)]  # one copy at a time: the nearest guess first
-    assert cache.held == [(2, 4)] and list(cache._later) == [(0, 1), (0, 2)]
-    copies.finish()
-    cache.follow(1, [3], [(2, [4]), (3, [5])])  # layer 1 routed: its guess was right
-    assert cache.prefetch_hits == 1 and cache.slot_of(2, 4) is not None
-    assert cache.held == [(3, 5)] and list(cache._later) == [(0, 1), (0, 2)]
-    copies.finish()
-    cache.follow(0, [6], [])  # layer 0 again: its held misses are dropped, its new one held
-    assert cache.slot_of(3, 5) is not None  # the guess went before layer 0's misses
-    assert list(cache._later) == [(0, 6)] and cache.slot_of(0, 1) is None
-
-
 def test_a_top_up_queues_held_guesses_between_routings_as_copies_end(copies):  # noqa: F811
-    cache = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", 1, gates=True)
+    cache = GatedCache(make_store(layers=4, experts=8), 6, "cpu", 1)
     cache.follow(1, [0], [(2, [1, 2]), (3, [3])])
     assert cache.cached()[-1] == (2, 1) and cache.held == [(2, 2), (3, 3)]
     cache.top_up()  # the copy in flight has not ended: the window is full
@@ -330,11 +280,6 @@ def test_a_top_up_queues_held_guesses_between_routings_as_copies_end(copies):  #
     cache.top_up()  # it has: the next guess goes, as follow would queue it
     assert cache.held == [(3, 3)] and cache.cached()[-1] == (2, 2)
     assert cache.cached()[0] == (1, 0)  # the layer the GPU may be reading kept its slot
-    plain = ZeroCopyCache(make_store(layers=4, experts=8), 6, "cpu", 1)  # zero-copy: no top-up
-    plain.follow(1, [0], [(2, [1, 2])])
-    copies.finish()
-    plain.top_up()
-    assert plain.held == [(2, 2)] and not plain.replace_held and cache.replace_held
 
 
 class LazyDevice:
@@ -367,26 +312,22 @@ class LazyDevice:
         return self.rows.ready(k, b)
 
 
-@pytest.mark.parametrize("mode", ["zero_copy", "gates"])
-def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_tiny, mode):
+def test_a_followed_step_equals_the_model_forward_and_follows_every_cut(synth_tiny):
     from tests.engine.test_graphs import decode_batch
 
-    zero_copy = engine(
-        synth_tiny[0], moe_strategy="offload", moe_cache_size=6, **{f"moe_{mode}": True}
-    )
-    model, strategy = zero_copy.model, zero_copy.strategy
-    batch = decode_batch(zero_copy)
+    gated = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6)
+    model, strategy = gated.model, gated.strategy
+    batch = decode_batch(gated)
     cuts = cut_layers(model, strategy)
-    assert cuts == zero_copy.model_config.moe_layers and strategy.depth_at(3) == 2
+    assert cuts == gated.model_config.moe_layers and strategy.depth_at(3) == 2
     followed = []
     real_follow = strategy.follow
     strategy.follow = lambda *a: followed.append(a) or real_follow(*a)
     results = []
-    # the GPU level with the host; one cut ahead of it (zero-copy: gates keep it level)
-    for ahead in (0, 1) if mode == "zero_copy" else (0,):
+    # the GPU level with the host; one cut ahead of it (a kept layer passes its gate)
+    for ahead in (0, 1):
         width = (1 + strategy.prefetch_depth) * model.cfg.top_k
-        # gates: one row more, the next token's guesses (zero-copy reads its misses in place)
-        rows = StopRows(len(cuts) + strategy.guesses_next_token, 4, width, "cpu")
+        rows = StopRows(len(cuts) + 1, 4, width, "cpu")  # one row more: the next token's
         depth = strategy.prefetch_depth  # the deepest any batch size takes (gates: 3 at b1)
         buffers = [Handoff.allocate(4, model.cfg, model.embed.dtype, "cpu", depth) for _ in "ab"]
         inputs = (batch.token_ids, batch.positions, batch.slots, 64)
@@ -412,7 +353,7 @@ def test_the_step_s_end_guesses_the_next_token_s_first_cuts_for_the_host(synth_t
 
     gated = engine(synth_tiny[0], moe_strategy="offload", moe_cache_size=6, moe_gates=True)
     model, strategy, cfg = gated.model, gated.strategy, gated.model.cfg
-    assert strategy.guesses_next_token  # gates guess the next token (round AO)
+    assert strategy.host_follows  # a step the host follows guesses the next token
     batch = decode_batch(gated)
     cuts = cut_layers(model, strategy)
     handed = []
@@ -527,13 +468,13 @@ def test_the_kernels_read_a_miss_in_place_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("mode", ["zero_copy", "gates", "gates_copied_marks"])
-def test_zero_copy_decodes_like_resident_on_cuda(synth_tiny, monkeypatch, graphs, mode):
+@pytest.mark.parametrize("mode", ["gates", "gates_copied_marks"])
+def test_gates_decode_like_resident_on_cuda(synth_tiny, monkeypatch, graphs, mode):
     from tests.engine.test_graphs import generate
 
     resident, _ = generate(synth_tiny[0], monkeypatch, graphs=False)
     if mode == "gates_copied_marks":  # the ready marks copied, as where the driver can't write
-        monkeypatch.setenv("FT_READY_MARK", "copy")
+        monkeypatch.setattr(stream_write, "_driver_writer", lambda device_index: None)
         mode = "gates"
     config = dict(moe_strategy="offload", moe_cache_size=14, **{f"moe_{mode}": True})  # evicts
     got, stats = generate(synth_tiny[0], monkeypatch, graphs=graphs, **config)

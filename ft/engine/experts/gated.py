@@ -1,50 +1,26 @@
-"""The expert cache of decode the host follows: zero-copy (`--moe-zero-copy`: the GPU never waits
-for the host) and device gates (`--moe-gates`, below).
+"""The expert cache of decode on device gates (offload's default, and hybrid's on CUDA).
 
-The decode step is one CUDA graph. Each MoE layer's expert kernels read an expert from its
-cache slot where the slot table names one whose data has landed, else straight from the pinned
-host store (zero-copy: across PCIe, through the pages' device address). The host follows the
-GPU through the step: as each layer's routing lands in pinned memory (`graphs.StopRows`),
-`follow` marks its uses (LRU) and queues copies into slots, nearest layer first, of the experts
-that the next layers' routers guess and then of the ones this layer missed (for the next
-token). Three rules keep the GPU from reading a slot that is being written:
+The decode step is one CUDA graph. The host follows the GPU through it: as each layer's routing
+lands in pinned memory (`graphs.StopRows`), `follow` marks its uses (LRU), queues the copies of
+the layer's misses into slots, names them in the slot table and opens the layer's gate, a
+pinned flag its work list waits on (on the device); then it queues copies of the experts that
+the next layers' routers guess, nearest layer first, and of this layer's misses left without a
+slot (for the next token). No host launch or sync per layer.
 
-- a slot's data counts as landed only once `ready[slot]` holds the expert's code, written
-  there behind the data, on the same stream (`_load`: a stream memory operation, else a copy
-  of 4 bytes); the work-list kernel checks it, and waits a bounded time for a copy still
-  queued (grouped.InPlace);
-- a slot is taken only from a layer the GPU has finished in this step (at `follow(layer)`:
-  every layer before it), so no kernel is reading it;
-- its table entry is cleared at once, from the host, so the next step reads that expert in
-  place until it is copied in again.
-
-A few slots are kept free (`reserve`) for the copies of a step's first layers, which no layer
-finished yet can give a slot to. Outside `follow` (prefill, which fetches on demand and waits
-for its copies), the cache works as offload's.
-
-With device gates (`gates`, offload `--moe-gates`) the GPU waits for the copies instead of
-reading misses in place: each layer's work list first waits (on the device) for the layer's
-gate, a pinned flag the host sets in `follow` once it has queued the copies of the layer's
-misses and named their slots in the table; the step is still one graph, with no host launch or
-sync per layer. As the GPU reads no layer whose gate is shut, the host may take the slot of any
-layer but the one it opens and the kept ones after it (below; least recent first, as offload's
-stops do): no reserve. Taking
-slots only from finished layers starved a step's first layers (round AM in docs/perf.md: 76
-misses a b1 step against 6.7). Two more rules keep the one copy engine busy without putting
-more in front of a miss (round AN: b1 3-6% and b4 ~7% ahead of host stops, where plain gates
-were level): between two routings, while the host polls for the next, it queues held guesses
-as the prefetch window frees (`top_up`), not only at each `follow`; and a layer's guesses
-replace those still held for the same layer from a farther layer's router (`replace_held`),
-so the window carries the nearer, better guesses. Gates are offload's default.
-
-Gates let the GPU pass a layer without waiting for the host where they can: the host keeps
-the slots of the `keep_ahead` layers after the one it follows (takes none of them for the rest
-of the step; `kept[layer]` says so to the device), and a kept layer whose routed experts all
-have a slot in the table goes on at once, checking their ready marks as ever. Only a layer
-with a miss waits for its gate, so the host's round trip (its poll, its bookkeeping) is paid
-at a miss rather than at every layer (round AS in docs/perf.md: the b1 step 8.3 -> 7.8 ms).
-The host then takes slots of the layers before the one it follows and of those past the kept
-ones.
+- A slot's data counts as landed only once `ready[slot]` holds the expert's code, written there
+  behind the data on the same stream (`_load`: a stream memory operation, else a 4-byte copy);
+  the work list checks it, and past a bounded wait reads the expert in place from the host
+  store (grouped.InPlace), so a stalled host slows decode but never breaks it.
+- The GPU reads no layer whose gate is shut, so the host may take the slot of any layer but the
+  one it opens and the kept ones after it (least recent first, as offload's stops do). Taking
+  slots only from finished layers starved a step's first layers (76 misses a b1 step against
+  6.7, docs/performance.md).
+- The host keeps the slots of the KEEP_AHEAD layers after the one it follows (`kept[layer]`
+  tells the device); a kept layer whose routed experts all have a slot goes on without waiting
+  for its gate, so the host's round trip is paid at a miss, not at every layer.
+- The copy engine is kept fed between two routings (`top_up` queues held guesses as the prefetch
+  window frees), and a layer's guesses replace those still held for it from a farther layer's
+  router (`replace_held`), so the window carries the nearer, better guesses.
 """
 
 from __future__ import annotations
@@ -55,26 +31,21 @@ from contextlib import contextmanager
 
 import torch
 
-from ft import settings
 from ft.engine.experts.cache import ExpertCache, device_view
 from ft.engine.experts.grouped import ON_CPU
 from ft.engine.experts.stream_write import stream_writer
 
-RESERVE = 8  # free slots for a step's first layers: no finished layer can give them one yet
 RING = 4096  # staging entries of the ready marks: one per copy, reused RING copies later
+KEEP_AHEAD = 4  # layers after the one followed whose slots the host keeps
 
 Key = tuple[int, int]  # (layer, expert)
 
 
-class ZeroCopyCache(ExpertCache):
-    def __init__(self, store, num_slots: int, device, prefetch_window: int = 0, gates=False):
+class GatedCache(ExpertCache):
+    def __init__(self, store, num_slots: int, device, prefetch_window: int = 0):
         super().__init__(store, num_slots, device, prefetch_window)
-        self.gates = gates  # device gates: a layer's misses copied in at once and waited for
-        # gates keep the copy engine fed between routings (`top_up`), and a nearer layer's
-        # guesses replace the held ones of a farther layer (round AN in docs/perf.md)
-        self.replace_held = gates
-        self.reserve = 0 if gates else min(RESERVE, num_slots // 2)
-        self._finished: int | None = None  # inside follow(): layers below it are done this step
+        self.replace_held = True  # a nearer layer's guesses replace a farther layer's held ones
+        self._finished: int | None = None  # inside follow(): the layer followed; else None
         self._followed = -1  # the last layer followed in this step (-1: none yet)
         self._later: deque[Key] = deque()  # misses held for the next token, after the guesses
         # [N] the code (layer * E + expert) of the expert whose data each slot holds
@@ -93,7 +64,7 @@ class ZeroCopyCache(ExpertCache):
         # host keeps for the rest of the step, so the GPU passes one whose experts all have a
         # slot without its gate; the layers kept: the `keep_ahead` after the one followed
         # (at most a quarter of the MoE layers: the host must have slots of others to take)
-        self.keep_ahead = min(settings.keep_ahead(), len(store.moe_layers) // 4) if gates else 0
+        self.keep_ahead = min(KEEP_AHEAD, len(store.moe_layers) // 4)
         self._spared = range(0)  # inside follow(): the layers whose slots gates do not take
         self._kept = torch.zeros(len(store.banks), dtype=torch.int32, pin_memory=cuda)
         self.kept = device_view(self._kept, self.device) if cuda else self._kept
@@ -126,7 +97,7 @@ class ZeroCopyCache(ExpertCache):
         has room, so the copy engine is not left idle until the next `follow`. Slots are taken
         as `follow(last layer followed)` would take them; before a step's first follow, from
         any layer (the last step is done: its logits were read, and every gate is shut)."""
-        if not (self.gates and self.window and (self._held or self._later)):
+        if not (self.window and (self._held or self._later)):
             return
         with self._following(self._followed):
             self._feed(keep_layer=self._followed)
@@ -149,12 +120,12 @@ class ZeroCopyCache(ExpertCache):
         on_cpu: list[int] = (),
     ) -> None:  # fmt: skip
         """The GPU has routed `layer` to `experts` and finished every layer before it: mark
-        the uses (LRU); with gates, queue the copies of this layer's misses and open its gate;
+        the uses (LRU), queue the copies of this layer's misses and open its gate;
         then queue copies of the guessed experts of later layers (`guesses`: (layer, experts)
         each, nearest first) and, after those, of this layer's misses not copied yet, for the
         next token. Within the prefetch window, what waits is held on the host: the guesses
         first, the misses after; both are dropped once their layer is routed again.
-        Hybrid (gates): the misses `on_cpu` are the CPU's: marked ON_CPU in the table, not
+        Hybrid: the misses `on_cpu` are the CPU's: marked ON_CPU in the table, not
         copied, and the gate left shut for the hybrid to open once their share is written."""
         with self._following(layer):
             self._keep_after(layer)  # the victims spare them from here on (`_victims`)
@@ -168,17 +139,15 @@ class ZeroCopyCache(ExpertCache):
                     continue
                 self._slot_of.move_to_end(key)  # most recently used
                 self._used_prefetch(key)  # no wait: the work list checks the ready marks
-            if self.gates:
-                self.misses += len(missing)
-                self.misses_by_layer[layer] += len(missing)
-                if on_cpu:
-                    self._mark_cpu(layer, on_cpu)
-                    cpu = set(on_cpu)
-                    missing = [e for e in missing if e not in cpu]
-                missing = self._copy_now(layer, missing)  # left: no slot to be had
-                if not on_cpu:  # the table names the copies: the GPU may go on
-                    self.open(layer)
-            self._refill()
+            self.misses += len(missing)
+            self.misses_by_layer[layer] += len(missing)
+            if on_cpu:
+                self._mark_cpu(layer, on_cpu)
+                cpu = set(on_cpu)
+                missing = [e for e in missing if e not in cpu]
+            missing = self._copy_now(layer, missing)  # left: no slot to be had
+            if not on_cpu:  # the table names the copies: the GPU may go on
+                self.open(layer)
             for later, guessed in guesses:
                 self.prefetch(later, guessed, keep_layer=layer)
             if not self.window:
@@ -246,21 +215,11 @@ class ZeroCopyCache(ExpertCache):
         """Nothing: no compute waits on a prefetch's event here (the work list checks the
         ready marks), and a demand copy waits for the whole prefetch stream (`_take_slot`)."""
 
-    def _refill(self) -> None:
-        """Free slots up to the reserve, from layers the GPU has finished."""
-        while len(self._free) < self.reserve:
-            key = next(self._victims(), None)
-            if key is None:
-                return
-            self._free.append(self._evict(key))
-
     def _victims(self):
-        """Cached keys whose slots following may take, least recent first: of the layers the
-        GPU has finished in this step; with gates, of any layer but the one being opened and
-        the kept ones after it (the GPU reads no other layer before its gate opens)."""
-        if self.gates:
-            return (key for key in self._slot_of if key[0] not in self._spared)
-        return (key for key in self._slot_of if key[0] < self._finished)
+        """Cached keys whose slots following may take, least recent first: of any layer but the
+        one being opened and the kept ones after it (the GPU reads no other layer before its
+        gate opens)."""
+        return (key for key in self._slot_of if key[0] not in self._spared)
 
     def _evictable(self, keep_layer: int, want: int) -> int:
         if self._finished is None:
