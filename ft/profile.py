@@ -1,4 +1,4 @@
-"""The bandwidth profile (schema 4, DESIGN.md section 3): its checks, and the one set of rules.
+"""The bandwidth profile (schema 4, docs/profile.md): its checks, and the one set of rules.
 
     ratio            = cpu_moe_gbs / pcie_gather_gbs
     recommended      = "hybrid" if ratio >= threshold else "offload"
@@ -115,7 +115,7 @@ def fetch_fraction(pcie_overlap: float | None, cpu_overlap: float | None) -> flo
 
 
 def fetch_log_line(d: Decision) -> str:
-    """The startup line of `--moe-hybrid-max-fetch auto` (DESIGN.md section 2; keep the words)."""
+    """The startup line of `--moe-hybrid-max-fetch auto` (docs/engine.md; keep the words)."""
     if d.fetch_fraction is None:
         raise FtError(f"the bandwidth profile has no overlapped numbers for {d.fmt}: {d.note}")
     return (

@@ -39,7 +39,7 @@ def cuda_graphs() -> bool:
 def decode_attention() -> str:
     """FT_DECODE_ATTENTION: triton (default) | sdpa: decode attention as one Triton kernel that
     also writes the step's K/V, where the fused kernels are Triton (on the H200, 1.5x resident's
-    decode over SDPA: docs/perf.md)."""
+    decode over SDPA: docs/performance.md)."""
     value = os.environ.get("FT_DECODE_ATTENTION", "triton").lower()
     return value if value in ("sdpa", "triton") else "triton"
 

@@ -1,6 +1,6 @@
 """Repeated, interleaved `ft bench decode` runs of one strategy over settings, on ONE load of the
 experts: runs of the same setting in separate processes differed by up to 25% at batch 1 on the
-H200 box (round P), so settings are compared within one process, each run several times.
+H200 box, so settings are compared within one process, each run several times.
 
     python scripts/bench_sweep.py --model DIR [--strategy offload,hybrid] [--depths auto,2,3]
         [--batch 1,4] [--variants "NAME:VAR=VALUE,...;..."] [--repeats 3] [--tokens 32] [--warmup 4]
@@ -9,17 +9,17 @@ H200 box (round P), so settings are compared within one process, each run severa
 --variants: environments to compare (each engine is built under its variables), e.g.
 "sdpa:FT_DECODE_ATTENTION=sdpa;triton:FT_DECODE_ATTENTION=triton"; default one, unchanged.
 Pseudo-variables set the engine instead: STRATEGY=NAME (another strategy than --strategy's),
-WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1 (--moe-zero-copy), GATES=0|1
-(--no-moe-gates, host stops | --moe-gates, offload's default), DEPTH=N
-(--moe-prefetch-depth, instead of --depths), RATE=R (--moe-cache-rate, instead of --cache-rate),
-FETCH=F (hybrid's --moe-hybrid-max-fetch).
+WINDOW=N (--moe-prefetch-window), GATES=0|1 (--no-moe-gates, host stops | --moe-gates, offload's
+default), DEPTH=N (--moe-prefetch-depth, instead of --depths), RATE=R (--moe-cache-rate, instead
+of --cache-rate), FETCH=F (hybrid's --moe-hybrid-max-fetch). A comparison of code paths that
+have no switch patches the code in a variant of this script.
 One JSON line per (repeat, depth, variant, batch): tok/s, ratio to the roofline, median step ms,
 the per-step counters, and the host's state over the run (`host`: the process's involuntary
 context switches, the CPU its main thread ended on, the GPU's SM clock after it), to tell what
 differs in a run that comes out slow. --trace DIR: each run also profiles a few steps (`ft bench
 decode --trace`) into DIR/rREPEAT-dDEPTH-VARIANT, and its line gets the device `timeline`.
 --by-layer: each line also gets `by_layer`, the experts copied and the misses per MoE layer, per
-decode step (warm-ups included): where in the step the copies fall (round AN).
+decode step (warm-ups included): where in the step the copies fall.
 """
 
 from __future__ import annotations
@@ -68,18 +68,14 @@ def environment(env: dict[str, str]):
 
 def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
     """A variant's pseudo-variables -> (the real environment, the engine settings they give):
-    STRATEGY=NAME, WINDOW=N (--moe-prefetch-window), PIN=1 (--pin-engine-thread), ZC=1
-    (--moe-zero-copy), GATES=0|1 (--no-moe-gates | --moe-gates), DEPTH=N
-    (--moe-prefetch-depth), RATE=R (--moe-cache-rate), FETCH=F (--moe-hybrid-max-fetch)."""
+    STRATEGY=NAME, WINDOW=N (--moe-prefetch-window), GATES=0|1 (--no-moe-gates | --moe-gates),
+    DEPTH=N (--moe-prefetch-depth), RATE=R (--moe-cache-rate), FETCH=F
+    (--moe-hybrid-max-fetch)."""
     env, settings = dict(env), {}
     if "STRATEGY" in env:
         settings["strategy"] = env.pop("STRATEGY")
     if "WINDOW" in env:
         settings["moe_prefetch_window"] = int(env.pop("WINDOW"))
-    if "PIN" in env:
-        settings["pin_engine_thread"] = env.pop("PIN") == "1"
-    if "ZC" in env:
-        settings["moe_zero_copy"] = env.pop("ZC") == "1"
     if "GATES" in env:
         settings["moe_gates"] = env.pop("GATES") == "1"
     if "DEPTH" in env:
@@ -87,7 +83,7 @@ def engine_vars(env: dict[str, str]) -> tuple[dict[str, str], dict]:
     if "RATE" in env:
         settings["moe_cache_rate"] = float(env.pop("RATE"))
     if "FETCH" in env:
-        settings["max_fetch"] = env.pop("FETCH")  # a fraction or auto
+        settings["moe_hybrid_max_fetch"] = env.pop("FETCH")  # a fraction or auto
     return env, settings
 
 
@@ -142,6 +138,7 @@ def host_state() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
+    ap.add_argument("--device", help="cpu | cuda (default: cuda when available)")
     ap.add_argument("--strategy", default="offload", help="one or several, comma-separated")
     ap.add_argument("--depths", default="auto", help="numbers or auto, comma-separated")
     ap.add_argument("--batch", default="1")
@@ -157,13 +154,16 @@ def main() -> None:
     if args.by_layer:
         decode._measure = counted_by_layer(decode._measure)
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
+    shared = EngineConfig(
+        model=args.model, device=args.device, moe_strategy="offload",
+        moe_cache_rate=args.cache_rate, bw_profile=args.profile,
+    )  # fmt: skip
     cfg = decode.DecodeBenchConfig(
-        model=args.model, strategies=tuple(args.strategy.split(",")),
+        engine=shared, strategies=tuple(args.strategy.split(",")),
         batches=tuple(ints(args.batch)), tokens=args.tokens, warmup=args.warmup,
-        moe_cache_rate=args.cache_rate,
         profile=args.profile,
     )  # fmt: skip
-    base = EngineConfig(model=cfg.model)
+    base = cfg.engine
     store, shape = decode._load_store(base)
     bw = bandwidths(base.device, decode._profile_data(cfg.profile), quick=base.device == "cpu")
     variants = [variant(text) for text in args.variants.split(";") if text.strip()]
@@ -174,9 +174,8 @@ def main() -> None:
         strategy = settings.pop("strategy", strategy)
         depth = settings.pop("moe_prefetch_depth", depth)
         trace = args.trace and os.path.join(args.trace, f"r{repeat}-{strategy}-d{depth}-{name}")
-        run = dataclasses.replace(
-            cfg, strategies=(strategy,), moe_prefetch_depth=depth, trace=trace, **settings
-        )
+        engine = dataclasses.replace(cfg.engine, moe_prefetch_depth=depth, **settings)
+        run = dataclasses.replace(cfg, engine=engine, strategies=(strategy,), trace=trace)
         before = host_state()
         with environment(env):
             rows = decode._run_strategy(run, base, strategy, store, shape, bw, lambda *_: None)

@@ -1,4 +1,4 @@
-"""ruff runs with the suite, so CI keeps the code to STYLE.md's lint rules."""
+"""ruff runs with the suite, so CI keeps the code to the project's lint rules (pyproject.toml)."""
 
 import shutil
 import subprocess

@@ -1,4 +1,4 @@
-"""`ft bench bw`: measure the box and build the schema-4 bandwidth profile (DESIGN.md section 3).
+"""`ft bench bw`: measure the box and build the schema-4 bandwidth profile (docs/profile.md).
 
 Per expert format: `cpu_moe_gbs`, expert bytes per second computed by the real CpuMoeExecutor at
 decode batch (one token, a few experts per submit, as a layer's CPU share); `pcie_gather_gbs`,

@@ -1,4 +1,4 @@
-"""The decode roofline (DESIGN.md section 7): per step, the bytes that must cross each link over
+"""The decode roofline (docs/performance.md): per step, the bytes that must cross each link over
 that link's bandwidth. The links work at the same time, so the step can go no faster than its
 slowest link:
 

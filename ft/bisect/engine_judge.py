@@ -25,8 +25,8 @@ from ft.bisect.envs import EnvCache
 from ft.bisect.judge import kill_group, run_group
 from ft.bisect.verdict import Skip
 
-READY = re.compile(r"API server is ready to serve on (\S+):(\d+)")  # DESIGN.md section 2
-STARTUP = (  # the startup lines that say how the engine resolved itself (DESIGN.md section 2)
+READY = re.compile(r"API server is ready to serve on (\S+):(\d+)")  # docs/engine.md, startup lines
+STARTUP = (  # the startup lines that say how the engine resolved itself (docs/engine.md)
     "Resolved config:",
     "MoE experts:",
     "--moe-cache-auto resolved",

@@ -1,4 +1,4 @@
-"""The engine's startup log lines (DESIGN.md section 2), read from a target's output.
+"""The engine's startup log lines (docs/engine.md), read from a target's output.
 
 A target that is an `ft serve` (through --cmd or the engine mode) says what it resolved; those
 facts tell the findings whether CPU expert work is expected and which cores the pool owns.

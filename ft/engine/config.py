@@ -16,8 +16,8 @@ DTYPES = ("bfloat16", "float16", "float32")
 EXPERT_FORMATS = ("bf16", "int8", "fp8_block", "nvfp4")  # ft.engine.formats.FORMATS, torch-free
 MAX_PREFETCH_DEPTH = 4  # router guesses lose accuracy with distance; more buys nothing
 # --moe-prefetch-depth auto, as (at batch 1, at larger batches). Device gates at batch 1 leave
-# the link time for a third layer's guesses: +1.4% at b1, -1.4% at b4 (round AU in docs/perf.md);
-# host stops and hybrid stay at 2 (depth 3 was slower there, rounds L to Q)
+# the link time for a third layer's guesses: +1.4% at b1, -1.4% at b4 (docs/performance.md);
+# host stops and hybrid stay at 2 (depth 3 was slower there)
 AUTO_PREFETCH_DEPTH = {"gates": (3, 2), "stops": (2, 2)}
 
 

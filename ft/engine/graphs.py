@@ -22,7 +22,7 @@ gates take 3 at batch 1 (`--moe-prefetch-depth auto`, the graphs captured per ba
 A stretch's last kernels write what the host and the next stretch read, with no copy after them:
 the norm after attention writes h and x, and one GEMM over the cut's and the guessed cuts'
 routers (consecutive rows of MoeModel.routers) and one top-k write the ids, guesses and weights
-(round AH in docs/perf.md: 33 us less a stretch on the GPU).
+(33 us less a stretch on the GPU).
 With device gates (`follow_step`) the whole step is queued as one graph, each stretch writes its
 routing rows into pinned memory (`StopRows`), and the host, polling those, does each cut's
 bookkeeping and copies; each layer's work list first waits on the device until the host has done
@@ -111,7 +111,7 @@ class StopRows:
     writes them, [cuts, B, (1 + depth) K] int64 in pinned host memory that the router's top-k
     writes through its device address and the host polls; -1 until written, reset once read.
     (Host stops read their ids back with a sync instead: polling these rows was level with it
-    at batch 1 and 4, round AL in docs/perf.md.)"""
+    at batch 1 and 4.)"""
 
     TIMEOUT_S = 60.0  # a step whose rows never come has failed on the device
 
@@ -166,7 +166,7 @@ def guess_next_token(model, cuts: list[int], logits, dst: Handoff, rows) -> None
     embedding of each sequence's argmax token, normed as the first cut's MoE input; the ids
     written to `rows` (pinned, [B, >= cuts K]) for the host to copy in while the GPU samples and
     starts the next step (its layer 0 has no earlier router in the step to guess it). A guess:
-    sampling may pick another token, and attention is left out (round AO in docs/perf.md)."""
+    sampling may pick another token, and attention is left out."""
     b, first = logits.shape[0], model.layers[cuts[0]]
     embedded = F.embedding(logits.argmax(dim=-1), model.embed)
     x = rms_norm(embedded, first.w["ln2"], model.cfg.rms_norm_eps)

@@ -1,5 +1,5 @@
-"""`ft generate --moe-strategy auto|hybrid` as a user runs it: the startup lines, in DESIGN.md
-section 2's order and words, and the inline fault the diagnose drills use."""
+"""`ft generate --moe-strategy auto|hybrid` as a user runs it: the startup lines, in
+docs/engine.md's order and words, and the inline fault the diagnose drills use."""
 
 from __future__ import annotations
 

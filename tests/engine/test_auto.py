@@ -30,7 +30,7 @@ def lines(ft_log, start: str) -> list[str]:
 
 
 def bf16_fetch_fraction(path) -> float:
-    """DESIGN.md section 3, from the file's own numbers: pcie_ov / (pcie_ov + cpu_ov)."""
+    """docs/profile.md, from the file's own numbers: pcie_ov / (pcie_ov + cpu_ov)."""
     k = json.loads(path.read_text())["dtype_kernels"]["bf16"]
     return k["pcie_gather_overlap_gbs"] / (k["pcie_gather_overlap_gbs"] + k["cpu_moe_overlap_gbs"])
 

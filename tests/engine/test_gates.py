@@ -394,7 +394,7 @@ def synth_six(tmp_path_factory):
 
 @pytest.mark.parametrize("b", [1, 3])
 def test_device_gates_guess_three_cuts_ahead_at_batch_1_and_two_above(synth_six, b):
-    """--moe-prefetch-depth auto (round AU in docs/perf.md): the step's stretches route the
+    """--moe-prefetch-depth auto (docs/performance.md): the step's stretches route the
     next 3 cuts at batch 1, 2 above, and the step's end the next token's first 1 + depth."""
     gated = engine(synth_six, moe_strategy="offload", moe_cache_size=24, moe_gates=True)
     model, strategy = gated.model, gated.strategy

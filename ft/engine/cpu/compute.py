@@ -7,7 +7,7 @@ D = hidden, I = expert intermediate, s = rows of I in this block.
 Compute dtype. "float32" converts each block of bf16/fp16 weights into a per-worker fp32
 scratch buffer (it stays in L2) and multiplies in fp32: exact against an fp32 reference, and the
 fast path on CPUs without bf16 dot-product instructions, where torch's bf16 matrix-vector path
-is bound by arithmetic (DESIGN.md section 6). Whole fp32 copies of the store are not kept: they
+is bound by arithmetic (docs/performance.md). Whole fp32 copies of the store are not kept: they
 would double host memory exactly where host memory holds every expert (the offload regime).
 "native" multiplies in the weights' own dtype and accumulates the outputs in fp32; measured on
 an AVX-512-BF16/AMX Xeon (one thread, H=2048, I=768, batch 1, blocks of 384 rows) it computes
@@ -20,8 +20,8 @@ experts (int8, fp8_block, nvfp4) always take it; bf16 weights take one kernel ca
 block (cpu_kernels.bf16_ffn_block), float32 ones the projection kernels. "auto" picks compiled
 for bf16 weights: a task of several torch ops hands the GIL back and forth at each of them, and
 on the H200 box's 15 threads that made one expert ~2x slower than on one thread; in one call
-the pool computes 1 expert in 1.6 ms against native's 4.2, 8 in 3.4 against 7.4 (round AZ in
-docs/perf.md). Other weights: native where the CPU has their dot products in hardware, float32
+the pool computes 1 expert in 1.6 ms against native's 4.2, 8 in 3.4 against 7.4.
+Other weights: native where the CPU has their dot products in hardware, float32
 elsewhere.
 """
 

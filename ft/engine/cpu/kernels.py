@@ -5,7 +5,7 @@ workers call them (ExpertFormat.rows_dot).
 
 They are compiled by numba once (cached on disk) and release the GIL, so the pool's threads run
 them side by side; torch's path (dequantise a block with tensor ops, then a matmul) holds the GIL
-between its many small ops and measured 4 to 15 times slower on one core (docs/perf.md).
+between its many small ops and measured 4 to 15 times slower on one core.
 
 Each row is decoded once into float32 (int8 and bf16 by a vectorised convert or shift; e4m3 and
 e2m1 by a lookup per code in a 256- or 16-entry table), then dotted with every token's x
@@ -111,7 +111,7 @@ def bf16_ffn_block(x, w13, w2, lo, hi, inter, scale, rows, acc):
     """acc[rows[t]] += scale[t] * (down[:, lo:hi] @ (silu(gate[lo:hi] x_t) * up[lo:hi] x_t)) for
     each of the n tokens: one block [lo, hi) of I of a bf16 expert's FFN in ONE call, so a CPU
     MoE task releases the GIL once (a task of several torch ops hands the GIL back and forth at
-    each of them: 15 threads on one expert ran ~2x slower than one, round AY in docs/perf.md).
+    each of them: 15 threads on one expert ran ~2x slower than one).
     x [n, D] float32; w13 [2I, D], w2 [D, I] the bf16 weights' uint16 bits; scale [n]
     float32; rows [n] int64 into acc [T, D] float32."""
     n, s = x.shape[0], hi - lo

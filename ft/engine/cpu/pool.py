@@ -2,7 +2,7 @@
 
 Each worker is a Python thread named `ft-cpu-moe-K` (the OS name too, so probes can find it in
 /proc), pinned to one core, with torch intra-op threads = 1. Python threads scale here because
-torch's matmuls release the GIL (DESIGN.md section 6). At decode batch a layer sends only a few
+torch's matmuls release the GIL (docs/performance.md). At decode batch a layer sends only a few
 experts to the CPU, so work is handed out as row blocks of the intermediate dimension I, not as
 whole experts: a task computes gate/up for its block of I, the activation, and multiplies by
 the matching columns of w2; each worker adds its partials into its own [T, D] buffer, and the
@@ -268,7 +268,7 @@ def ready_line(
     layers: int,
     top_k: int,
 ) -> str:
-    """The startup line probes parse (DESIGN.md section 2); the engine supplies the shape."""
+    """The startup line probes parse (docs/engine.md); the engine supplies the shape."""
     cores = format_cores(pool.cores)
     return (
         f"CPU MoE executor ready: threads={pool.threads} (pinned to cores {cores})"

@@ -13,8 +13,8 @@ the accelerator in CI).
 Which slot holds what is also kept as a table [layers, E] (slot, or -1) in pinned host memory,
 which the device reads in place (`slot_table`, through the pages' device address): decode's
 expert compute looks its slots up there, so it never waits for the host, can be replayed from a
-CUDA graph, and the host's stop sends nothing for it (round R: that copy was 11 of the stop's 31
-us a layer, docs/perf.md). The host writes a layer's row only while no queued compute reads it:
+CUDA graph, and the host's stop sends nothing for it (that copy was 11 of the stop's 31
+us a layer). The host writes a layer's row only while no queued compute reads it:
 a stop follows the sync on the compute before it, and a prefetch never evicts the experts of the
 layer whose compute is queued (`keep_layer`).
 
@@ -22,7 +22,7 @@ A prefetch window (`prefetch_window` N > 0) keeps at most N prefetched experts q
 engine and holds the rest on the host, queued at later stops in the order they came (nearest
 layer first); a held guess is dropped once its layer's real routing is known. The one copy engine
 serves its queue in order, whatever a stream's priority, so without a window a demand miss waits
-behind every guess queued before it (a median 179 us, round T in docs/perf.md).
+behind every guess queued before it (a median 179 us on the H200 box).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class _Streams:
     """The current CUDA stream, and switching to another, at a fraction of torch's cost:
     `torch.cuda.current_stream` builds a Stream object at each call (8.9 us on the H200 box) and
     `with torch.cuda.stream(s)` does so twice (15.7 us), where the stream's ids are what is
-    needed (scripts/probe_host_calls.py, round AH in docs/perf.md). A stop calls them on the
+    needed (measured on the H200 box). A stop calls them on the
     path the GPU waits on."""
 
     def __init__(self, device: torch.device):

@@ -9,7 +9,7 @@ asynchronous.
 In memory an expert's parts lie side by side, in one block a row of the layer's `blocks`
 ([E, block bytes]); each part is a view, each expert's part contiguous. A cache slot is laid
 out the same way (`expert_blocks`), so an expert crosses PCIe in one copy: three copies of its
-parts cost ~5 us of the link more an expert (round AQ's probe in docs/perf.md). Resident's
+parts cost ~5 us of the link more an expert (on the H200 box). Resident's
 device copy of a layer is its blocks, copied whole, read through the same views (`block_views`).
 """
 

@@ -2,7 +2,7 @@
 operation (cuStreamWriteValue32), which the GPU's front end carries out once the work queued
 before it is done, with the writes of that work visible first. A slot's ready mark written so
 takes no turn of the copy engine: a 4-byte host-to-device copy behind each expert's data cost
-~10 us of the link an expert, 5% (round AP in docs/perf.md, `scripts/probe_copy_engines.py`).
+~10 us of the link an expert, 5% on the H200 box.
 """
 
 from __future__ import annotations

@@ -262,7 +262,7 @@ def tiles_for(fmt: str, bm: int, dtype: torch.dtype) -> tuple[dict, dict]:
     """(gate/up, down) tiles: TILES, with a shorter K-chunk where that one spills registers
     (ptxas, sm_90): quantised banks under fp32 activations (FMA dots), nvfp4 at BM > 16; and
     wider gate/up tiles for bf16 past 16 pair rows a block (batch 4: 82.9 against 92.5 us a
-    layer, round AK's sweep; at batch 1 they lose, 32.5 against 28.0)."""
+    layer, in bench_moe_kernels' sweep; at batch 1 they lose, 32.5 against 28.0)."""
     gu, dn = TILES[fmt]
     if fmt == "bf16" and bm > 16:
         gu = dict(BN=64, BK=64)
@@ -350,7 +350,7 @@ def _reduce_kernel(
 def triton_reduce_pairs(y, row_of, slot, tokens: int, dtype, share=None) -> torch.Tensor:
     """-> [T, D] in `dtype`: token t's K pair rows of y [P, D] (rows row_of[t K : t K + K]),
     those with a slot, summed in float32; one launch where torch takes four (two fills, an
-    index_add_ and the cast: ~8 us of a decode layer's kernels at batch 1, round AK). share
+    index_add_ and the cast: ~8 us of a decode layer's kernels at batch 1). share
     (hybrid, grouped.CpuShare): plus its rows [T, D] float32 where its flag is set."""
     P, D = y.shape  # noqa: N806
     out = torch.empty(tokens, D, dtype=dtype, device=y.device)

@@ -308,7 +308,7 @@ class Inputs:
 
 
 def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float):
-    """Start the pinned pool, lower torch's threads, log both lines (DESIGN.md section 2)."""
+    """Start the pinned pool, lower torch's threads, log both lines (docs/engine.md)."""
     compute = settings.cpu_moe_compute()
     if uses_kernels(compute, store.format, store.parts["w13"].dtype):  # the pool's own choice
         from ft.engine.cpu import kernels as cpu_kernels  # numba: imported where it is used

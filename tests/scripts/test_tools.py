@@ -1,0 +1,44 @@
+"""The developer tools kept in scripts/, run as a developer runs them, on small settings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT, ft_env
+
+
+def run_script(name: str, *args: str, timeout: float = 300) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / name), *args],
+        capture_output=True, text=True, env=ft_env(), timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_the_sweep_runs_every_repeat_variant_and_batch_on_one_load(tmp_path_factory):
+    from tests.engine.checkpoints import make_synth_tiny
+
+    model = make_synth_tiny(tmp_path_factory)[0]
+    rows = run_script(
+        "bench_sweep.py", "--model", str(model), "--device", "cpu", "--strategy", "offload",
+        "--batch", "1,2", "--repeats", "2", "--tokens", "2", "--warmup", "1",
+        "--cache-rate", "0.5", "--variants", "stops:GATES=0;window:WINDOW=1", "--by-layer",
+    )  # fmt: skip
+    seen = {(r["repeat"], r["variant"], r["batch"]) for r in rows}
+    assert seen == {(k, v, b) for k in (0, 1) for v in ("stops", "window") for b in (1, 2)}
+    assert all(r["error"] is None and r["tok_s"] > 0 for r in rows)
+    assert all(len(r["by_layer"]["copied"]) == len(r["by_layer"]["misses"]) > 0 for r in rows)
+
+
+@pytest.mark.gpu
+def test_the_expert_kernel_bench_times_each_format_on_cuda():
+    rows = run_script(
+        "bench_moe_kernels.py", "--formats", "bf16,nvfp4", "--batches", "1",
+        "--shapes", "qwen3-30b-a3b", "--iters", "5",
+    )  # fmt: skip
+    assert {r["fmt"] for r in rows} >= {"bf16", "nvfp4"}
