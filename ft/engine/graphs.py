@@ -1,36 +1,13 @@
 """CUDA graphs for the decode step (on by default on CUDA; FT_CUDA_GRAPHS=0 turns them off).
 
-The step is cut where the MoE strategy needs the host, and each stretch between two cuts is
-captured once per (batch size, KV length bucket) and replayed:
-
-    resident (graph_safe):        [embed, L0 .. L47, norm, lm_head]           1 graph
-    offload, hybrid               [embed, L0 attn+route] -host- [L0 experts, L1 attn+route]
-    --no-moe-gates (host_stop):   -host- ... [L47 experts, norm, lm_head]     49 graphs
-    offload, hybrid (device       the same 49 stretches as 1 graph; the host
-    gates, the default;           follows it, never stops it: each MoE layer
-    host_follows):                waits on the device for the host
-
-At each cut the host reads the router's ids (one sync), and the strategy's `prepare` fetches the
-misses (copies on the cache's stream) and writes their slots in the cache's slot table, which the
-next stretch's `compute` reads in place (`run_step`); hybrid's stop also runs the CPU's share of the
-layer and leaves its result in a device buffer that `compute` adds. Where the strategy prefetches,
-the stretch also runs the routers of the next `depth_at(B)` cuts on this cut's input, and once
-the next stretch is launched, `prefetch` starts copying those guesses' misses, nearest cut first, so
-they cross PCIe while the stretches before them compute. A depth of 2 keeps the copies a layer
-ahead: with 1, a layer that needs more copies than its neighbours holds the compute up; device
-gates take 3 at batch 1 (`--moe-prefetch-depth auto`, the graphs captured per batch size).
-A stretch's last kernels write what the host and the next stretch read, with no copy after them:
-the norm after attention writes h and x, and one GEMM over the cut's and the guessed cuts'
-routers (consecutive rows of MoeModel.routers) and one top-k write the ids, guesses and weights
-(33 us less a stretch on the GPU).
-With device gates (`follow_step`) the whole step is queued as one graph, each stretch writes its
-routing rows into pinned memory (`StopRows`), and the host, polling those, does each cut's
-bookkeeping and copies; each layer's work list first waits on the device until the host has done
-that cut's part (ft.engine.experts.gated), so the GPU never runs past the host; while the host
-waits for a cut's rows it keeps the copy engine fed (`strategy.top_up`).
-Stretches read one set of buffers and write the other, so the warm-up run before a capture, on the
-step's real inputs, changes nothing. SDPA attends over a bucket of KV_BUCKET keys, the padding
-masked (the Triton decode attention needs no bucket); sampling stays outside the graphs.
+The step is cut at each MoE layer where the strategy needs the host: resident (graph_safe) is
+one graph; host stops (host_stop) a graph per stretch between cuts, the host reading each cut's
+ids, fetching and launching the next (`run_step`); device gates (host_follows) one graph for
+the whole step that the host follows through pinned `StopRows`, each layer waiting on the GPU
+for its gate (`follow_step`). A stretch's last kernels write what the host and the next stretch
+read (h, x, one top-k over the cut's and the guessed cuts' routers), with no copy after them.
+Stretches read one set of buffers and write the other, so the warm-up before a capture changes
+nothing; sampling stays outside the graphs. The whole picture: docs/decode-step.md.
 
 Legend: B = sequences, D = hidden, K = experts per token, V = vocab.
 """

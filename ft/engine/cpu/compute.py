@@ -1,28 +1,14 @@
-"""One task of the CPU MoE executor: an expert FFN restricted to a block of its I rows.
+"""One task of the CPU MoE pool: an expert FFN restricted to a block of its I rows.
 
-FFN(x) = down(silu(x @ gate.T) * (x @ up.T)) splits exactly over blocks of I: the partial
-outputs of the blocks add up to the whole. Shape legend: n = tokens routed to the expert,
-D = hidden, I = expert intermediate, s = rows of I in this block.
-
-Compute dtype. "float32" converts each block of bf16/fp16 weights into a per-worker fp32
-scratch buffer (it stays in L2) and multiplies in fp32: exact against an fp32 reference, and the
-fast path on CPUs without bf16 dot-product instructions, where torch's bf16 matrix-vector path
-is bound by arithmetic (docs/performance.md). Whole fp32 copies of the store are not kept: they
-would double host memory exactly where host memory holds every expert (the offload regime).
-"native" multiplies in the weights' own dtype and accumulates the outputs in fp32; measured on
-an AVX-512-BF16/AMX Xeon (one thread, H=2048, I=768, batch 1, blocks of 384 rows) it computes
-5.0 GB/s of expert bytes against 3.2 for the fp32 conversion.
-
-"compiled" multiplies straight from the expert's bytes with the format's compiled CPU kernels
-(ExpertFormat.rows_dot, ft/engine/cpu/kernels.py), in float32, with the GIL released:
-no copy of the block, and the pool's threads never wait for each other's op dispatch. Quantised
-experts (int8, fp8_block, nvfp4) always take it; bf16 weights take one kernel call for the whole
-block (cpu_kernels.bf16_ffn_block), float32 ones the projection kernels. "auto" picks compiled
-for bf16 weights: a task of several torch ops hands the GIL back and forth at each of them, and
-on the H200 box's 15 threads that made one expert ~2x slower than on one thread; in one call
-the pool computes 1 expert in 1.6 ms against native's 4.2, 8 in 3.4 against 7.4.
-Other weights: native where the CPU has their dot products in hardware, float32
-elsewhere.
+FFN(x) = down(silu(x @ gate.T) * (x @ up.T)) splits exactly over blocks of I: the blocks' partial
+outputs add up to the whole. Compute modes: "float32" (blocks converted to a per-worker fp32
+scratch, exact; for CPUs without bf16 dot products), "native" (the weights' dtype, fp32
+accumulation), "compiled" (the format's numba kernels straight on the expert's bytes, the GIL
+released once a task; quantised formats always). "auto" takes compiled for bf16 (one call a
+task: on 15 threads a chain of torch ops contends for the GIL at each op, ~2x slower), native
+where the CPU has the dtype's dot products in hardware, float32 elsewhere. Whole fp32 copies of
+the store are not kept: host memory holds every expert in the offload regime.
+Legend: n = tokens routed to the expert, D = hidden, I = expert intermediate, s = rows of I.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """The device expert cache: N slots shared by all layers, keyed by (layer, expert), LRU.
 
-The slots are a bank like the store's (part name -> [N, ...], the expert format's parts); a
-miss copies every part of the expert into its slot.
-
-A miss copies the expert from the host store into a slot on a separate CUDA stream; the
-compute stream waits on an event, so only work that needs the expert waits for it. Prefetches
-(guesses, copied ahead of need) have a stream of their own, so a miss the layer waits for never
-queues behind them; each prefetch records an event, and the compute stream waits only up to the
-one that brings the experts it reads. On the CPU device the copy is a plain copy_ (the CPU plays
-the accelerator in CI).
-
-Which slot holds what is also kept as a table [layers, E] (slot, or -1) in pinned host memory,
-which the device reads in place (`slot_table`, through the pages' device address): decode's
-expert compute looks its slots up there, so it never waits for the host, can be replayed from a
-CUDA graph, and the host's stop sends nothing for it (that copy was 11 of the stop's 31
-us a layer). The host writes a layer's row only while no queued compute reads it:
-a stop follows the sync on the compute before it, and a prefetch never evicts the experts of the
-layer whose compute is queued (`keep_layer`).
-
-A prefetch window (`prefetch_window` N > 0) keeps at most N prefetched experts queued on the copy
-engine and holds the rest on the host, queued at later stops in the order they came (nearest
-layer first); a held guess is dropped once its layer's real routing is known. The one copy engine
-serves its queue in order, whatever a stream's priority, so without a window a demand miss waits
-behind every guess queued before it (a median 179 us on the H200 box).
+The slots are a bank laid out as the host store's (an expert's parts side by side, one copy a
+miss). Misses are copied on a side stream and prefetches (guesses) on their own, so a miss the
+layer waits for never queues behind a guess; the compute stream waits only for the copies it
+reads. Which slot holds what is also a table [layers, E] in pinned host memory that the device
+reads in place (`slot_table`), so the expert compute never waits for the host and replays from
+a CUDA graph; the host writes a layer's row only while no queued compute reads it. A prefetch
+window keeps at most N guesses queued on the one copy engine (which serves its queue in order)
+and holds the rest on the host, dropped once their layer is routed. On the CPU device a copy is
+a plain copy_ (the CPU plays the accelerator in CI).
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The expert cache of decode on device gates (offload's default, and hybrid's on CUDA).
 
-The decode step is one CUDA graph. The host follows the GPU through it: as each layer's routing
-lands in pinned memory (`graphs.StopRows`), `follow` marks its uses (LRU), queues the copies of
-the layer's misses into slots, names them in the slot table and opens the layer's gate, a
-pinned flag its work list waits on (on the device); then it queues copies of the experts that
-the next layers' routers guess, nearest layer first, and of this layer's misses left without a
-slot (for the next token). No host launch or sync per layer.
-
-- A slot's data counts as landed only once `ready[slot]` holds the expert's code, written there
-  behind the data on the same stream (`_load`: a stream memory operation, else a 4-byte copy);
-  the work list checks it, and past a bounded wait reads the expert in place from the host
-  store (grouped.InPlace), so a stalled host slows decode but never breaks it.
-- The GPU reads no layer whose gate is shut, so the host may take the slot of any layer but the
-  one it opens and the kept ones after it (least recent first, as offload's stops do). Taking
-  slots only from finished layers starved a step's first layers (76 misses a b1 step against
-  6.7, docs/performance.md).
-- The host keeps the slots of the KEEP_AHEAD layers after the one it follows (`kept[layer]`
-  tells the device); a kept layer whose routed experts all have a slot goes on without waiting
-  for its gate, so the host's round trip is paid at a miss, not at every layer.
-- The copy engine is kept fed between two routings (`top_up` queues held guesses as the prefetch
-  window frees), and a layer's guesses replace those still held for it from a farther layer's
-  router (`replace_held`), so the window carries the nearer, better guesses.
+The step is one CUDA graph the host follows: at each layer's routing, `follow` marks the uses
+(LRU), queues the copies of its misses, names them in the slot table and opens the layer's gate,
+then queues the guesses of later layers within the prefetch window. The GPU reads no layer whose
+gate is shut, so the host takes slots from any layer but the one it opens and the KEEP_AHEAD
+kept after it; a kept layer whose experts all have a slot passes its gate at once. A slot counts
+as landed once `ready[slot]` holds its expert's code, written behind the data on the copy's
+stream; past a bounded wait the expert is read in place from the host store. Between routings
+`top_up` keeps the copy engine fed. docs/decode-step.md has the diagram.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The host expert store: every routed expert of every MoE layer, in host memory.
 
-Layout (the contract; README "Expert formats"): per MoE layer a bank, part name -> tensor with a
+Layout (the contract; docs/formats.md): per MoE layer a bank, part name -> tensor with a
 leading dim of E experts; the parts are the expert format's (`bf16`: `w13` [E, 2I, D] with rows
 0..I-1 gate / w1 and I..2I-1 up / w3, `w2` [E, D, I]; quantised formats add their scales).
 None for dense layers. Pinned when CUDA is present so copies into device slots can be

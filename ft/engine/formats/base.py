@@ -1,4 +1,4 @@
-"""What an expert format is: its parts per expert (the bank layout; README "Expert formats"),
+"""What an expert format is: its parts per expert (the bank layout; docs/formats.md),
 how float experts become those parts, how they become float again (a whole expert, or the block
 of I rows one CPU MoE task multiplies), and how the parts are named in a checkpoint.
 
