@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from ft import settings
 from ft.engine.builder import build_engine_parts
 from ft.engine.config import EngineConfig
 from ft.engine.model.attention import Batch, Span
 from ft.engine.model.sampling import SamplingParams, sample
 from ft.engine.scheduler import Scheduler, Sequence, StepOutput
+from ft.engine.strategies import decode_plan
 from ft.errors import FtError
 from ft.log import get_logger
 
@@ -102,19 +102,17 @@ class LLMEngine:
         return outputs + self.scheduler.postprocess(seqs, token_ids)
 
     def _decode_graphs(self, max_batch: int):
-        """CUDA graphs for decode (unless FT_CUDA_GRAPHS=0) where the strategy allows them."""
-        strategy = self.strategy
-        capturable = strategy.graph_safe or strategy.host_stop or strategy.host_follows
-        if not (settings.cuda_graphs() and self.device.type == "cuda" and capturable):
+        """CUDA graphs for decode as the plan says (none: eager)."""
+        strategy, mode = self.strategy, decode_plan(self.config).graphs
+        if mode == "eager":
             return None
         from ft.engine.graphs import DecodeGraphs
 
         graphs = DecodeGraphs(self.model, strategy, max_batch, self.max_model_len, self.device)
-        one_graph = strategy.graph_safe or strategy.host_follows
-        per = "step" if one_graph else "stretch between MoE layers' host stops"
+        per = "stretch between MoE layers' host stops" if mode == "stretch" else "step"
         keys = "" if graphs.bucket == self.max_model_len else f" and {graphs.bucket}-key bucket"
         how = ""
-        if strategy.host_follows:
+        if mode == "follow":
             how = " (device gates: each MoE layer waits on the GPU until the host has fetched its "
             how += "misses; no host sync or launch per layer)"
         log.info(f"CUDA graphs: decode captured per {per}, batch size{keys}{how}")

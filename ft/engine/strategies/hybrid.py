@@ -307,8 +307,9 @@ class Inputs:
     weights: torch.Tensor
 
 
-def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float):
-    """Start the pinned pool, lower torch's threads, log both lines (docs/engine.md)."""
+def build_hybrid(config, plan, store, cache_size: int, top_k: int, max_fetch: float):
+    """Start the pinned pool, lower torch's threads, log both lines (docs/engine.md), and
+    build the plan's hybrid class on it."""
     compute = settings.cpu_moe_compute()
     if uses_kernels(compute, store.format, store.parts["w13"].dtype):  # the pool's own choice
         from ft.engine.cpu import kernels as cpu_kernels  # numba: imported where it is used
@@ -323,8 +324,7 @@ def build_hybrid(config, store, cache_size: int, top_k: int, max_fetch: float):
         intermediate=store.intermediate_size, experts=store.num_experts,
         layers=len(store.moe_layers), top_k=top_k,
     )  # fmt: skip
-    kind = GatedHybridStrategy if config.gates else HybridStrategy
-    return kind(
+    return plan.strategy(
         store, config.device, cache_size, pool, max_fetch, torch_threads_before=before,
-        prefetch_depth=config.prefetch_depths, prefetch_window=config.prefetch_window,
+        prefetch_depth=plan.prefetch_depths, prefetch_window=plan.prefetch_window,
     )  # fmt: skip
