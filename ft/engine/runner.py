@@ -37,6 +37,7 @@ class EngineStats:
     experts_fetched: int = 0
     experts_in_place: int = 0  # read from host memory by the device (a copy past its bound)
     bytes_fetched: int = 0  # expert bytes over PCIe: copies and reads in place
+    experts_to_cpu: int = 0  # misses a hybrid strategy handed to the CPU (pool or not)
     experts_cpu: int = 0
     experts_cpu_inline: int = 0
     expert_uses: int = 0

@@ -41,6 +41,11 @@ ENGINE_COUNTERS = (
         "bytes_fetched",
         "Bytes of expert weights that crossed PCIe: copied into slots or read in place.",
     ),
+    (
+        "ft_experts_to_cpu",
+        "experts_to_cpu",
+        "Expert misses the strategy handed to the CPU (hybrid), wherever they then ran.",
+    ),
     ("ft_experts_cpu", "experts_cpu", "Experts computed by the pinned CPU MoE pool."),
     (
         "ft_experts_cpu_inline",

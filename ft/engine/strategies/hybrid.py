@@ -207,9 +207,9 @@ class HybridStrategy(CpuPoolSide, OffloadStrategy):
         return dict(
             cache_hits=c.hits, cache_misses=c.misses + self.experts_cpu_total,
             experts_fetched=c.loads, bytes_fetched=c.bytes_fetched,
-            experts_cpu=pool.experts_in_pool, experts_cpu_inline=pool.experts_inline,
-            expert_uses=self.expert_uses, experts_prefetched=c.prefetched,
-            prefetch_hits=c.prefetch_hits,
+            experts_to_cpu=self.experts_cpu_total, experts_cpu=pool.experts_in_pool,
+            experts_cpu_inline=pool.experts_inline, expert_uses=self.expert_uses,
+            experts_prefetched=c.prefetched, prefetch_hits=c.prefetch_hits,
         )  # fmt: skip
 
 
@@ -295,7 +295,8 @@ class GatedHybridStrategy(CpuPoolSide, GatedOffloadStrategy):
 
     def counters(self) -> dict[str, int]:
         counts, pool = GatedOffloadStrategy.counters(self), self.pool.stats
-        counts.update(experts_cpu=pool.experts_in_pool, experts_cpu_inline=pool.experts_inline)
+        counts.update(experts_to_cpu=self.experts_cpu_total, experts_cpu=pool.experts_in_pool,
+                      experts_cpu_inline=pool.experts_inline)  # fmt: skip
         return counts
 
 
