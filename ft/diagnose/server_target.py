@@ -1,8 +1,10 @@
 """Engine mode: `ft serve` started with the agent, the workload streamed once it is ready.
 
 Plugs into the runner as a ProcessTarget: tick() adds throughput records (the engine's decode
-tok/s from /metrics while the workload runs, then the workload's figures), finished() ends the
-run when the workload is done, context() tells the findings the strategy.
+tok/s from /metrics while the workload runs, then the workload's figures and the engine's counters
+over it), finished() ends the run when the workload is done, context() tells the findings the
+strategy. A warm-up request at each concurrency runs first, before the "workload" mark: kernel
+compilation and CUDA graph capture happen on an engine's first requests and are not its decode.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ft.diagnose.targets import ProcessTarget
@@ -20,6 +22,7 @@ from ft.errors import FtError
 READY = re.compile(r"API server is ready to serve on (\S+):(\d+)")
 FIGURES = ("e2e_decode_tok_s", "ttft_s", "engine_decode_tok_s", "throughput_tok_s")
 DECODE_RATE = re.compile(r"^ft_decode_tokens_per_second(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
+COUNTER = re.compile(r"^ft_(\w+)_total\s+(\S+)$", re.MULTILINE)  # the engine's Prometheus counters
 
 
 @dataclass(frozen=True)
@@ -55,20 +58,26 @@ class ServerTarget(ProcessTarget):
         self._thread: threading.Thread | None = None
         self.result = None
         self.error: str | None = None
-        self._done_marked = False
+        self.counters: dict[str, float] | None = None  # engine counters over the workload
+        self._phases: dict[str, float] = {}  # warm-up, workload, done -> when each began
+        self._marked: dict[str, float] = {}  # the phases written to the stream
 
     def tick(self) -> list[dict]:
         """Phase marks (findings look at the workload's span only) and the engine's tok/s."""
         if self.url is None:
             self._check_ready()
-            return [{"kind": "phase", "t": time.time(), "phase": "workload"}] if self.url else []
-        if self._thread is not None and not self._thread.is_alive():
-            if self._done_marked:
-                return []
-            self._done_marked = True
-            return [{"kind": "phase", "t": time.time(), "phase": "done"}]
-        rate = self._engine_rate()
-        return [{"kind": "throughput", "t": time.time(), "tok_s": rate}] if rate is not None else []
+        records = self._new_marks()
+        if self._marked.keys() == {"warm-up", "workload"}:  # the workload runs
+            rate = self._engine_rate()
+            if rate is not None:
+                records.append({"kind": "throughput", "t": time.time(), "tok_s": rate})
+        return records
+
+    def _new_marks(self) -> list[dict]:
+        """Phases the workload thread reached since the last tick, at the times it reached them."""
+        new = [(p, t) for p, t in list(self._phases.items()) if p not in self._marked]
+        self._marked.update(new)
+        return [{"kind": "phase", "t": t, "phase": p} for p, t in new]
 
     def _check_ready(self) -> None:
         try:
@@ -78,6 +87,7 @@ class ServerTarget(ProcessTarget):
         if match:
             host = match.group(1)
             self.url = f"http://{f'[{host}]' if ':' in host else host}:{match.group(2)}"
+            self._phases["warm-up"] = time.time()
             self._thread = threading.Thread(
                 target=self._run_workload, name="ft-workload", daemon=True
             )
@@ -85,19 +95,31 @@ class ServerTarget(ProcessTarget):
 
     def _run_workload(self) -> None:
         try:
+            self._workload(self.url, replace(self.spec, prompts=self.spec.concurrency))
+            before = self._counters()
+            self._phases["workload"] = time.time()
             self.result = self._workload(self.url, self.spec)
+            after = self._counters()
+            self.counters = {k: v - before.get(k, 0.0) for k, v in after.items()}
         except Exception as exc:  # the server died or was stopped: the report says so
             self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._phases["done"] = time.time()
 
-    def _engine_rate(self) -> float | None:
+    def _metrics(self) -> str:
         try:
             import httpx
 
-            text = httpx.get(f"{self.url}/metrics", timeout=1.0).text
+            return httpx.get(f"{self.url}/metrics", timeout=1.0).text
         except Exception:
-            return None
-        match = DECODE_RATE.search(text)
+            return ""
+
+    def _engine_rate(self) -> float | None:
+        match = DECODE_RATE.search(self._metrics())
         return float(match.group(1)) if match else None
+
+    def _counters(self) -> dict[str, float]:
+        return {name: float(value) for name, value in COUNTER.findall(self._metrics())}
 
     def finished(self) -> bool:
         return self._thread is not None and not self._thread.is_alive()
@@ -108,7 +130,7 @@ class ServerTarget(ProcessTarget):
             return []
         figures = {k: getattr(self.result, k, None) for k in FIGURES} if self.result else {}
         final = {"kind": "throughput", "t": time.time(), "final": True, "error": self.error}
-        return [final | figures]
+        return [final | figures | {"counters": self.counters}]
 
     def context(self) -> dict:
         facts = {"strategy": self.strategy} | super().context() | {"workload": self.url is not None}
