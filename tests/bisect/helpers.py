@@ -104,9 +104,12 @@ def step(n: int, at: int, before: float = 100.0, after: float = 80.0) -> list[fl
     return [before if i < at else after for i in range(n)]
 
 
-def result(proc) -> dict:
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+def result(proc, exit_code: int = 0) -> dict:
+    """The --json report of a run that exited with `exit_code`, which the report repeats."""
+    assert proc.returncode == exit_code, proc.stderr[-3000:]
+    rep = json.loads(proc.stdout)
+    assert rep["exit_code"] == exit_code
+    return rep
 
 
 def culprit(rep: dict) -> str:
