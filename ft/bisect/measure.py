@@ -67,7 +67,15 @@ class Measurer:
             if skip:
                 self.store.mark_skip(sha, skip.reason, worker)
 
-    def take(self, sha: str, phase: str, worker: int, tree: int = 0) -> Skip | None:
+    def take(
+        self,
+        sha: str,
+        phase: str,
+        worker: int,
+        tree: int = 0,
+        keep: Callable[[], bool] = lambda: True,
+    ) -> Skip | None:
+        """One sample, stored unless `keep()` says otherwise once it is taken."""
         if self.stop.is_set():
             raise Interrupted
         slot = (worker, tree)
@@ -89,8 +97,8 @@ class Measurer:
         if self.stop.is_set():  # abort() ran while this measured: what it started (a server
             self.release(slot)  # still booting then) is stopped here, or it would outlive ft
             raise Interrupted
-        if isinstance(value, Skip):
-            return value
+        if isinstance(value, Skip) or not keep():
+            return value if isinstance(value, Skip) else None
         seconds = round(time.monotonic() - start, 3)
         sample = Sample(value, phase, worker, self.gpu(worker), seconds, self.jobs)
         self.store.add(sha, sample, self._heads[slot][1], self.judge.describe(worktree))

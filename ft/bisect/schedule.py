@@ -85,19 +85,19 @@ class Scheduler:
         self.run_round(tasks)
 
     def confirm(self, before: str, after: str, n: int) -> str | None:
-        """At least n fresh samples of each of the two commits, every worker alternating them.
-        A worker's two commits share its GPU, so neither stays up while the other measures.
-        A failure is returned, not recorded as a skip (the search measured these commits)."""
+        """At least n fresh samples of each of the two commits: every worker takes an equal
+        share, alternating the two. A worker's two commits share its GPU, so neither stays up
+        while the other measures. A failure is returned, not recorded as a skip (the search
+        measured these commits)."""
         failed: list[str] = []
+        share = -(-n // self.jobs)
         self.measurer.release_all()  # every confirmation sample starts afresh, the first too
 
-        def enough() -> bool:
-            counts = (len(self.values(sha, "confirm")) for sha in (before, after))
-            return min(counts) >= n
-
         def task(worker: int) -> None:
-            while not failed and not enough():
+            while not failed:
                 mine = [len(self.values(sha, "confirm", worker)) for sha in (before, after)]
+                if min(mine) >= share:
+                    return
                 sha, tree = (before, OLDER) if mine[0] <= mine[1] else (after, NEWER)
                 skip = self.measurer.take(sha, "confirm", worker, tree)
                 self.measurer.release((worker, tree))
@@ -142,7 +142,9 @@ class Scheduler:
         stay = self.measurer.keeps_state and live in (self.good, self.bad)
         sha = live if stay else self._fewer(worker)
         tree = OLDER if sha == self.good else NEWER
-        skip = self.measurer.take(sha, "search", worker, tree)
+        # a task that ended while this sample ran left it partly alone: it is not stored
+        still = partial(self.measurer.is_measuring, task_workers)
+        skip = self.measurer.take(sha, "search", worker, tree, keep=still)
         if skip:
             self.log(f"{sha[:10]}: a sample taken to keep the load failed: {skip.reason}")
             return False
