@@ -165,17 +165,25 @@ def _render(rep: dict[str, Any]) -> None:
     console = Console(highlight=False)
     figure = figure_name(rep["measure"]).strip("`")
     table = Table(title=f"ft bisect: {figure} ({rep['direction']} is worse)")
-    for col in ("#", "commit", "median", "IQR", "n", "verdict"):
-        table.add_column(col, justify="right" if col in ("#", "median", "IQR", "n") else "left")
-    table.add_column("subject", no_wrap=True, overflow="ellipsis", min_width=12)
-    for r in rep["commits"]:
-        table.add_row(
+    headers = ("#", "commit", "median", "IQR", "n", "verdict")
+    rows = [
+        [
             str(r["index"]), r["sha"][:10],
             "" if r["median"] is None else f"{r['median']:.4g}",
             "" if r["spread"] is None else f"{r['spread']:.3g}",
-            str(r["n"]), r["verdict"] or "", r["subject"],
-            style=_STYLE.get(r["verdict"] or ""),
-        )  # fmt: skip
+            str(r["n"]), r["verdict"] or "",
+        ]
+        for r in rep["commits"]
+    ]  # fmt: skip
+    widths = [max(len(h), *(len(row[k]) for row in rows)) for k, h in enumerate(headers)]
+    for header, width in zip(headers, widths, strict=True):
+        right = header in ("#", "median", "IQR", "n")
+        table.add_column(header, justify="right" if right else "left", min_width=width)
+    # the subject gets what the numbers leave of the line (rich would squeeze them instead)
+    room = console.width - sum(w + 3 for w in widths) - 4
+    table.add_column("subject", no_wrap=True, overflow="ellipsis", max_width=max(12, room))
+    for r, row in zip(rep["commits"], rows, strict=True):
+        table.add_row(*row, r["subject"], style=_STYLE.get(r["verdict"] or ""))
     console.print(table)
     for r in rep["commits"]:
         if r["reason"]:
