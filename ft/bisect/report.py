@@ -186,7 +186,7 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7, loc="best")
     ax.set_xticks([r["index"] for r in rep["commits"]])
     ax.set_xticklabels([r["sha"][:7] for r in rep["commits"]], rotation=60, fontsize=7)
-    ax.set_ylabel(axis_label(rep))
+    ax.set_ylabel(axis_label(rep).replace(" (", "\n("), fontsize=8)  # two lines: it fits
     ax.set_title(f"ft bisect: {rep['outcome']}: {rep['message'][:70]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
