@@ -35,7 +35,7 @@ from ft.bisect.measure import Measurer
 
 Task = Callable[[int], None]  # called with the worker that runs it
 IDLE_POLL_S = 0.05  # how often a worker with nothing to do looks for a measurement to match
-TESTED, OLDER, NEWER = 0, 1, 2  # a worker's trees: commit under test, GOOD (or a pair's older)
+OLDER, NEWER = 1, 2  # a worker's trees for GOOD and BAD, or a pair's two (0: commit under test)
 
 
 class Scheduler:

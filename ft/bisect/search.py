@@ -96,14 +96,16 @@ class Bisector:
             for state in (self.states[0], self.states[-1]):
                 if reason := self.store.skip_reason(state.sha):
                     raise FtError(f"endpoint {state.sha[:10]} could not be measured: {reason}")
-            alike = [w for w in self.schedule.workers if rank_p(*self.schedule.references(w))
-                     >= self.cfg.alpha]  # fmt: skip
+            alike = [w for w in self.schedule.workers if not self._ends_differ(w)]
             if not alike:
                 self.states[0].verdict, self.states[-1].verdict = Verdict.GOOD, Verdict.BAD
                 return None
             if target >= self.cfg.max_repeats:
                 return alike[0]
             target = min(2 * target, self.cfg.max_repeats)
+
+    def _ends_differ(self, worker: int) -> bool:
+        return rank_p(*self.schedule.references(worker)) < self.cfg.alpha
 
     # --- the search -------------------------------------------------------------------------
     def run(self) -> BisectResult:
