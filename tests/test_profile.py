@@ -111,6 +111,24 @@ def test_wrong_values_are_named(tmp_path, seed, mutate, message):
         load_profile(write(tmp_path, seed))
 
 
+def test_a_profile_without_the_descriptive_gpu_block_still_loads(tmp_path, seed):
+    del seed["gpu"]  # profiles written by other builds may lack it; no rule reads it
+    path = write(tmp_path, seed)
+    assert load_profile(path).data["gpu"] is None
+    res = run_ft("profile", "show", str(path), env=ft_env(COLUMNS="80"))
+    assert res.returncode == 0, res.stderr
+    assert "GPU: none" in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_notes_sit_under_the_table_at_80_columns():
+    res = run_ft("profile", "show", str(SEED_PROFILE), env=ft_env(COLUMNS="80"))
+    rows = [ln for ln in res.stdout.splitlines() if ln.startswith("│")]
+    assert len(rows) == 5  # one line a format: nothing wraps
+    assert "[1] fp8_block: CPU MoE has no fp8_block weight path; hybrid unavailable" in res.stdout
+    assert "│ [1]  │" in next(r for r in rows if "fp8_block" in r)
+
+
 def test_load_errors(tmp_path):
     with pytest.raises(FtError, match="no bandwidth profile at .*benchbw.json"):
         load_profile()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ft.cpuinfo import allowed_cores
 from ft.errors import FtError
+from ft.report import plural
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,30 @@ def worker_gpus(jobs: int, engine: bool) -> list[str] | None:
         return [d.strip() for d in visible.split(",") if d.strip()]
     count = _nvml_gpu_count()
     return [str(i) for i in range(min(jobs, count) if count else jobs)]
+
+
+def interference(jobs: int, engine: bool) -> str | None:
+    """Why --jobs measurements at once would slow each other down, if they would: engine mode
+    wants a GPU per server (a CPU-only engine takes every core), a --run command at least a
+    core (one is left to ft and the system)."""
+    if jobs == 1:
+        return None
+    if engine:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = len([d for d in visible.split(",") if d.strip()]) if visible else _nvml_gpu_count()
+        capacity = gpus or 1
+        where = plural(gpus, "GPU") if gpus else "no GPU (the engine then takes every core)"
+    else:
+        cores = len(allowed_cores())
+        capacity = max(1, cores - 1)
+        where = f"{plural(cores, 'core')}, one of them left to ft and the system"
+    if jobs <= capacity:
+        return None
+    return (
+        f"--jobs {jobs} runs {jobs} measurements at once on {where}: they slow each other "
+        f"down. Each commit is still compared only with endpoints its own worker measured under "
+        f"the same load, but the figures are noisier than with --jobs {capacity}"
+    )
 
 
 def _nvml_gpu_count() -> int:

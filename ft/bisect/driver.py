@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ft import settings
-from ft.bisect.config import BisectConfig, worker_gpus
+from ft.bisect.config import BisectConfig, interference, worker_gpus
 from ft.bisect.gitrepo import PatchStack, Scratch, UserRepo
 from ft.bisect.judge import Judge, RunCommandJudge
 from ft.bisect.store import SampleStore
 from ft.bisect.verdict import Outcome
 from ft.errors import FtError
-from ft.report import write_json_atomic
+from ft.report import plural, write_json_atomic
 
 RUN_FILE = "run.json"  # the options of the run in an out dir, for --resume
 
@@ -97,7 +97,10 @@ def bisect(
     from ft.bisect import report  # scipy and matplotlib: only once the input is valid
     from ft.bisect.search import Bisector
 
-    log(f"{len(commits) - 2} commits between {good[:10]} and {bad[:10]}; state in {out}")
+    between = plural(len(commits) - 2, "commit")
+    log(f"{between} between {good[:10]} and {bad[:10]}; state in {out}")
+    if warning := interference(opts.search.jobs, engine=opts.run is None):
+        log(f"warning: {warning}")
     bisector = Bisector(
         commits, Scratch(user, out, good), stack, judge, store, opts.search, log, gpus
     )

@@ -51,6 +51,8 @@ class Server:
 
 
 class EngineJudge:
+    keeps_state = True  # the server stays up between samples of one commit
+
     def __init__(self, opts: Any, cache: Path, workload: Workload | None = None):
         self.opts = opts  # driver.EngineOptions
         self.envs = EnvCache(cache, opts.install_timeout_s)

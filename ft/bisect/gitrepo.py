@@ -129,7 +129,7 @@ class Scratch:
             src = user.repo.git_dir if user.repo.bare else user.path
             self.clone = git.Repo.clone_from(str(src), clone_dir, shared=True, bare=True)
 
-    def worktree(self, slot: int) -> Path:
+    def worktree(self, slot: int | str) -> Path:
         path = self.root / "worktrees" / f"w{slot}"
         # one at a time (--jobs: a worker thread per slot): another slot's `prune` deletes the
         # admin folder of a worktree still being added, whose .git file is not written yet

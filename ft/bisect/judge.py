@@ -2,7 +2,9 @@
 
 `measure(worktree, env)` returns one sample (a float) or a Skip with the reason; the driver
 calls it again for more samples and calls `release(worktree)` when it moves to another commit,
-so a judge may keep something running between samples (engine mode keeps the server up).
+so a judge may keep something running between samples (engine mode keeps the server up). Such a
+judge says so (`keeps_state`): the driver then alternates commits in blocks, not sample by
+sample, since every switch costs a restart.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from ft.bisect.verdict import Skip, command_outcome
 
 
 class Judge(Protocol):
+    keeps_state: bool  # something stays up between samples of one commit
+
     def config(self) -> dict[str, Any]:
         """What is measured and how: hashed into the sample key, shown in the report."""
         ...
@@ -35,6 +39,8 @@ class Judge(Protocol):
 class RunCommandJudge:
     """`--run CMD`: a shell command in the commit's worktree prints the figure (git bisect run
     exit codes: 125 = skip; any other failure is a skip too, with its reason)."""
+
+    keeps_state = False  # every sample is a fresh process: commits may alternate freely
 
     def __init__(self, command: str, metric: str | None = None, timeout_s: float = 600.0):
         self.command, self.metric, self.timeout_s = command, metric, timeout_s

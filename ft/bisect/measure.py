@@ -1,4 +1,10 @@
-"""Taking samples: worker slots (one clean worktree each), their environment, the store."""
+"""Taking samples: a worker's worktrees, its environment (CUDA_VISIBLE_DEVICES), the store.
+
+A worker is one GPU (or one share of the box) with a few clean worktrees ("trees"), so that it
+can alternate between commits without checking them out again. Which worker measures what, on
+which tree, is decided in ft/bisect/schedule.py; this module takes the samples it is asked for,
+and keeps at most one tree of a worker live (engine mode: one server per worker at a time).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,8 @@ from ft.bisect.gitrepo import PatchStack, Scratch
 from ft.bisect.judge import Judge, kill_active
 from ft.bisect.store import Sample, SampleStore
 from ft.bisect.verdict import Skip
+
+Slot = tuple[int, int]  # (worker, tree)
 
 
 class Interrupted(Exception):
@@ -27,56 +35,95 @@ class Measurer:
         store: SampleStore,
         log: Callable[[str], None],
         gpus: list[str] | None,
+        jobs: int = 1,
     ):
         self.scratch, self.stack, self.judge, self.store = scratch, stack, judge, store
-        self.log, self.gpus = log, gpus
+        self.log, self.gpus, self.jobs = log, gpus, jobs
         self.taken = 0
         self.stop = threading.Event()
-        self._heads: dict[int, tuple[str, list[str]]] = {}  # slot -> (commit, stack notes)
+        self.measuring: set[int] = set()  # workers with a measurement in flight
+        self.keeps_state = getattr(judge, "keeps_state", True)  # switching commits restarts
+        self._heads: dict[Slot, tuple[str, list[str]]] = {}  # slot -> (commit, stack notes)
+        self._live: dict[int, int] = {}  # worker -> the tree it measured on last
         self._lock = threading.Lock()
 
-    def env(self, slot: int, sha: str) -> dict[str, str]:
-        env = dict(os.environ, FT_BISECT_COMMIT=sha, FT_BISECT_WORKER=str(slot))
-        if gpu := self._gpu(slot):
+    def env(self, worker: int, sha: str) -> dict[str, str]:
+        env = dict(os.environ, FT_BISECT_COMMIT=sha, FT_BISECT_WORKER=str(worker))
+        if gpu := self.gpu(worker):
             env["CUDA_VISIBLE_DEVICES"] = gpu
         return env
 
-    def _gpu(self, slot: int) -> str | None:
-        return self.gpus[slot % len(self.gpus)] if self.gpus else None
+    def gpu(self, worker: int) -> str | None:
+        return self.gpus[worker % len(self.gpus)] if self.gpus else None
 
-    def ensure(self, sha: str, n: int, phase: str, slot: int) -> None:
-        """At least n samples of this phase for `sha`, or a recorded skip."""
-        while not self.store.skip_reason(sha) and len(self.store.values(sha, phase)) < n:
-            skip = self.take(sha, phase, slot)
+    def values(self, sha: str, phase: str, worker: int | None = None) -> list[float]:
+        """Samples taken under this run's conditions (its --jobs), of one worker or all."""
+        return self.store.values(sha, phase, worker=worker, jobs=self.jobs)
+
+    def ensure(self, sha: str, n: int, phase: str, worker: int, tree: int = 0) -> None:
+        """At least n samples of this phase by this worker, or a recorded skip."""
+        while not self.store.skip_reason(sha) and len(self.values(sha, phase, worker)) < n:
+            skip = self.take(sha, phase, worker, tree)
             if skip:
-                self.store.mark_skip(sha, skip.reason, slot)
-                self.log(f"{sha[:10]}: skip ({skip.reason})")
+                self.store.mark_skip(sha, skip.reason, worker)
 
-    def take(self, sha: str, phase: str, slot: int) -> Skip | None:
+    def take(
+        self,
+        sha: str,
+        phase: str,
+        worker: int,
+        tree: int = 0,
+        keep: Callable[[], bool] = lambda: True,
+    ) -> Skip | None:
+        """One sample, stored unless `keep()` says otherwise once it is taken."""
         if self.stop.is_set():
             raise Interrupted
+        slot = (worker, tree)
+        if self._live.get(worker, tree) != tree:  # one live tree a worker: its GPU is shared
+            self.release((worker, self._live[worker]))
+        self._live[worker] = tree
         worktree = self._checkout(slot, sha)
         if isinstance(worktree, Skip):
             return worktree
-        env = self.env(slot, sha)
+        env = self.env(worker, sha)
         start = time.monotonic()
-        value = self.judge.measure(worktree, env)
+        with self._lock:
+            self.measuring.add(worker)
+        try:
+            value = self.judge.measure(worktree, env)
+        finally:
+            with self._lock:
+                self.measuring.discard(worker)
         if self.stop.is_set():  # abort() ran while this measured: what it started (a server
             self.release(slot)  # still booting then) is stopped here, or it would outlive ft
             raise Interrupted
-        if isinstance(value, Skip):
-            return value
-        sample = Sample(value, phase, slot, self._gpu(slot), round(time.monotonic() - start, 3))
+        if isinstance(value, Skip) or not keep():
+            return value if isinstance(value, Skip) else None
+        seconds = round(time.monotonic() - start, 3)
+        sample = Sample(value, phase, worker, self.gpu(worker), seconds, self.jobs)
         self.store.add(sha, sample, self._heads[slot][1], self.judge.describe(worktree))
         with self._lock:
             self.taken += 1
-        n = len(self.store.values(sha, phase))
-        self.log(f"{sha[:10]} {phase} #{n}: {value:.6g} (worker {slot})")
+        n = len(self.values(sha, phase))
+        by = f" (worker {worker})" if self.jobs > 1 else ""
+        self.log(f"{sha[:10]} {phase} #{n}: {value:.6g}{by}")
         return None
 
-    def _checkout(self, slot: int, sha: str) -> Path | Skip:
-        path = self.scratch.worktree(slot)
-        if self._heads.get(slot, ("",))[0] != sha:
+    def is_measuring(self, workers: set[int]) -> bool:
+        with self._lock:
+            return bool(self.measuring & workers)
+
+    def head(self, worker: int, tree: int = 0) -> str | None:
+        """The commit checked out in that worktree now."""
+        return self._heads.get((worker, tree), (None,))[0]
+
+    def live(self, worker: int) -> str | None:
+        """The commit the worker measured last (engine mode: its server may still be up)."""
+        return self.head(worker, self._live[worker]) if worker in self._live else None
+
+    def _checkout(self, slot: Slot, sha: str) -> Path | Skip:
+        path = self._worktree(slot)
+        if self.head(*slot) != sha:
             self.release(slot)
             notes = self.scratch.checkout(path, sha, self.stack)
             if isinstance(notes, Skip):
@@ -85,34 +132,20 @@ class Measurer:
             self._heads[slot] = (sha, notes)
         return path
 
-    def release(self, slot: int) -> None:
-        if slot in self._heads:
-            self.judge.release(self.scratch.worktree(slot))
+    def _worktree(self, slot: Slot) -> Path:
+        worker, tree = slot
+        return self.scratch.worktree(f"{worker}" if tree == 0 else f"{worker}-{tree}")
 
-    def interleave(self, before: str, after: str, n: int) -> str | None:
-        """Confirmation: n fresh samples of each, alternating. Where both slots share a device
-        each sample starts afresh (the two cannot be up at once on one GPU); with a device
-        each, both stay up and samples alternate between them. A failure here is reported,
-        not recorded as a skip (the search already measured these commits)."""
-        shared = self._gpu(0) == self._gpu(1)
-        try:
-            while True:
-                nb = len(self.store.values(before, "confirm"))
-                na = len(self.store.values(after, "confirm"))
-                if nb >= n and na >= n:
-                    return None
-                sha, slot = (before, 0) if nb <= na else (after, 1)
-                skip = self.take(sha, "confirm", slot)
-                if shared:
-                    self.release(slot)
-                if skip:
-                    return f"{sha[:10]}: {skip.reason}"
-        finally:
-            self.release(0)
-            self.release(1)
+    def release(self, slot: Slot) -> None:
+        """Let go of what the judge keeps up for that worktree (engine mode: its server)."""
+        if slot in self._heads:
+            self.judge.release(self._worktree(slot))
+
+    def release_all(self) -> None:
+        for slot in list(self._heads):
+            self.release(slot)
 
     def abort(self) -> None:
         self.stop.set()
         kill_active()
-        for slot in list(self._heads):
-            self.release(slot)
+        self.release_all()

@@ -11,25 +11,25 @@ from ft.bisect.gitrepo import UserRepo
 from ft.bisect.search import BisectResult
 from ft.bisect.stats import Effect, median, spread
 from ft.bisect.store import SampleStore
+from ft.bisect.verdict import Outcome
 from ft.report import code_block, details, md_table, write_json_atomic, write_text_atomic
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: exit_code and suspect added; a row's n counts confirmation samples too
 COLORS = {"good": "tab:green", "bad": "tab:red", "unknown": "tab:orange", "skip": "tab:gray"}
 
 
 def build(
     result: BisectResult, repo: UserRepo, store: SampleStore, settings: dict[str, Any]
 ) -> dict[str, Any]:
-    states = result.states
-    culprit = None
-    if result.outcome.value == "found":
-        sha = states[result.hi].sha
-        culprit = {**dataclasses.asdict(repo.info(sha)), "diffstat": repo.diffstat(sha)}
+    states, jobs = result.states, settings.get("jobs", 1)
+    narrowed = result.hi - result.lo == 1 and result.confirmation is not None
+    suspect = _commit(repo, states[result.hi].sha) if narrowed else None
     conf = result.confirmation
     return {
         "version": REPORT_VERSION,
         "kind": "ft-bisect-report",
         "outcome": result.outcome.value,
+        "exit_code": result.outcome.exit_code,
         "message": result.message,
         "repo": str(repo.path),
         "range": {"good": states[0].sha, "bad": states[-1].sha, "commits": len(states)},
@@ -40,24 +40,35 @@ def build(
         "patch_stack": {"digest": store.stack.digest(), "items": store.stack.describe()},
         "machine": store.record(states[0].sha)["machine"],
         "endpoints": _effect(result.endpoints),
-        "culprit": culprit,
-        "candidates": [_row(i, repo, store, result) for i in range(result.lo + 1, result.hi + 1)],
+        "culprit": suspect if result.outcome == Outcome.FOUND else None,  # confirmed only
+        "suspect": suspect,  # where the search narrowed to one commit, confirmed or not
+        "candidates": [
+            _row(i, repo, store, result, jobs) for i in range(result.lo + 1, result.hi + 1)
+        ],
         "confirmation": None
         if conf is None
         else {"confirmed": conf.confirmed, "note": conf.note, "effect": _effect(conf.effect)},
         "samples_taken": result.taken,
         "commits": [
-            _row(i, repo, store, result)
+            _row(i, repo, store, result, jobs)
             for i, s in enumerate(states)
             if s.verdict is not None or store.values(s.sha)
         ],
     }
 
 
-def _row(i: int, repo: UserRepo, store: SampleStore, result: BisectResult) -> dict[str, Any]:
+def _commit(repo: UserRepo, sha: str) -> dict[str, Any]:
+    return {**dataclasses.asdict(repo.info(sha)), "diffstat": repo.diffstat(sha)}
+
+
+def _row(
+    i: int, repo: UserRepo, store: SampleStore, result: BisectResult, jobs: int
+) -> dict[str, Any]:
+    """One commit: median, spread and n of every sample taken under this run's conditions
+    (search and confirmation); `samples` keeps every raw sample, of earlier runs too."""
     state = result.states[i]
     rec = store.record(state.sha)
-    values = store.values(state.sha, "search")
+    values = store.values(state.sha, jobs=jobs)
     return {
         "index": i,
         "sha": state.sha,
@@ -66,6 +77,7 @@ def _row(i: int, repo: UserRepo, store: SampleStore, result: BisectResult) -> di
         "median": median(values) if values else None,
         "spread": spread(values) if values else None,
         "n": len(values),
+        "n_confirm": len(store.values(state.sha, "confirm", jobs=jobs)),
         "p_good": state.p_good,
         "p_bad": state.p_bad,
         "reason": state.reason,
@@ -83,19 +95,20 @@ def _effect(eff: Effect | None) -> dict[str, Any] | None:
 
 def markdown(rep: dict[str, Any]) -> str:
     good, bad = rep["range"]["good"][:10], rep["range"]["bad"][:10]
-    parts = [f"### `ft bisect {good}..{bad}`: {rep['outcome']}", "", rep["message"], ""]
-    if rep["culprit"]:
-        c = rep["culprit"]
-        parts += [f"**{c['subject']}** (`{c['sha'][:10]}`), {c['author']}, {c['date']}", ""]
-    worse = "higher" if rep["direction"] == "higher" else "lower"
-    parts.append(f"Endpoints ({worse} is worse): {rep['endpoints']['text']}")
+    title = f"### `ft bisect {good}..{bad}`: {rep['outcome']} (exit {rep['exit_code']})"
+    parts = [title, "", rep["message"], ""]
+    if c := rep["suspect"]:
+        label = "" if rep["culprit"] else "Suspect, **not confirmed**: "
+        parts += [f"{label}**{c['subject']}** (`{c['sha'][:10]}`), {c['author']}, {c['date']}", ""]
+    worse = f"{figure_name(rep['measure'])}, {rep['direction']} is worse"
+    parts.append(f"Endpoints ({worse}): {rep['endpoints']['text']}")
     conf = rep["confirmation"]
     if conf:
         eff = f": {conf['effect']['text']}" if conf["effect"] else ""
         parts.append(f"Last good -> first bad, {conf['note']}{eff}")
     parts.append("")
-    if rep["culprit"]:
-        parts += [details("diffstat", code_block(rep["culprit"]["diffstat"])), ""]
+    if rep["suspect"]:
+        parts += [details("diffstat", code_block(rep["suspect"]["diffstat"])), ""]
     parts += _startup_changes(rep)
     rows = [
         [
@@ -111,9 +124,20 @@ def markdown(rep: dict[str, Any]) -> str:
         for r in rep["commits"]
     ]
     table = md_table(["#", "commit", "subject", "median", "IQR", "n", "verdict", "note"], rows)
-    parts += [table, "", details("how it was measured", code_block(_how(rep), "json"))]
+    parts += [table, "", "n: every sample of the commit, the search's and the confirmation's."]
+    parts += ["", details("how it was measured", code_block(_how(rep), "json"))]
     parts.append(f"\nPlot: `plot.png` beside this report. {rep['samples_taken']} samples taken.")
     return "\n".join(parts) + "\n"
+
+
+def figure_name(measure: dict[str, Any]) -> str:
+    """What was measured, in the user's own words: the engine figure, --metric or --run."""
+    if measure.get("judge") == "engine":
+        return str(measure.get("figure"))
+    if measure.get("metric"):
+        return str(measure["metric"])
+    command = str(measure.get("command"))
+    return f"`{command if len(command) <= 40 else command[:37] + '...'}`"
 
 
 def _startup_changes(rep: dict[str, Any]) -> list[str]:
@@ -144,23 +168,33 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    jobs = rep["settings"].get("jobs", 1)
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * rep["range"]["commits"]), 4))
     for r in rep["commits"]:
-        ys = [s["value"] for s in r["samples"] if s["phase"] == "search"]
         color = COLORS.get(r["verdict"] or "", "black")
-        ax.scatter([r["index"]] * len(ys), ys, s=12, alpha=0.5, color=color)
+        for phase, dx, marker, fill in (("search", 0, "o", color), ("confirm", 0.2, "D", "none")):
+            ys = [s["value"] for s in r["samples"] if s["phase"] == phase and s["jobs"] == jobs]
+            ax.scatter([r["index"] + dx] * len(ys), ys, s=14, alpha=0.6, marker=marker,
+                       edgecolors=color, facecolors=fill)  # fmt: skip
         if r["median"] is not None:
             ax.scatter([r["index"]], [r["median"]], marker="_", s=300, color=color)
     cands = [r["index"] for r in rep["candidates"]]
     if cands:
         ax.axvspan(min(cands) - 0.5, max(cands) + 0.5, color="tab:red", alpha=0.1)
+    ax.scatter([], [], marker="o", color="gray", label="search sample")
+    ax.scatter([], [], marker="D", facecolors="none", edgecolors="gray", label="confirmation")
+    ax.legend(fontsize=7, loc="best")
     ax.set_xticks([r["index"] for r in rep["commits"]])
     ax.set_xticklabels([r["sha"][:7] for r in rep["commits"]], rotation=60, fontsize=7)
-    ax.set_ylabel(rep["measure"].get("metric") or "figure")
-    ax.set_title(f"ft bisect: {rep['message'][:80]}", fontsize=9)
+    ax.set_ylabel(axis_label(rep).replace(" (", "\n("), fontsize=8)  # two lines: it fits
+    ax.set_title(f"ft bisect: {rep['outcome']}: {rep['message'][:70]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def axis_label(rep: dict[str, Any]) -> str:
+    return f"{figure_name(rep['measure']).strip('`')} ({rep['direction']} is worse)"
 
 
 def write(rep: dict[str, Any], out: Path) -> None:

@@ -1,4 +1,5 @@
 """The search: endpoints first, then the range cut N+1 ways, then the culprit confirmed.
+Who measures what, and under which conditions, is ft/bisect/schedule.py's business.
 
 Commits are indexed oldest first, 0 = GOOD, n-1 = BAD. Each round measures up to --jobs commits
 at once, evenly spaced among the untested ones between the last good and the first bad:
@@ -9,23 +10,27 @@ at once, evenly spaced among the untested ones between the last good and the fir
                   ^   ^   ^   (4 parts)     next round only between g and the first b
 
 Skipped and unknown commits are never cut at again; if one sits between the last good and the
-first bad, the answer is the range of commits the culprit could be in.
+first bad, the answer is the range of commits the culprit could be in. Whatever the search
+narrowed to, fresh interleaved samples of its two edges must show the change again: `found`
+only when they do (Outcome lists the rest).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 from ft.bisect.config import BisectConfig
 from ft.bisect.gitrepo import PatchStack, Scratch
 from ft.bisect.judge import Judge
 from ft.bisect.measure import Measurer
+from ft.bisect.schedule import Scheduler
 from ft.bisect.stats import Effect, classify, effect, median, rank_p
 from ft.bisect.store import SampleStore
 from ft.bisect.verdict import Outcome, Verdict
 from ft.errors import FtError
+from ft.report import plural
 
 
 @dataclass
@@ -76,102 +81,86 @@ class Bisector:
     ):
         self.states = [CommitState(sha) for sha in commits]
         self.cfg, self.store, self.log = config, store, log
-        self.measurer = Measurer(scratch, stack, judge, store, log, gpus)
+        self.measurer = Measurer(scratch, stack, judge, store, log, gpus, config.jobs)
+        self.schedule = Scheduler(self.measurer, commits[0], commits[-1], config.jobs, log)
 
     # --- the endpoints (mozregression: check both ends before anything else) ---------------
-    def endpoints(self) -> tuple[list[float], list[float]]:
-        good, bad = self.states[0].sha, self.states[-1].sha
+    def endpoints(self) -> int | None:
+        """Both ends on every worker, doubled until they differ on each; the worker on which
+        they still do not differ at --max-repeats, else None."""
         target = min(2 * self.cfg.repeats, self.cfg.max_repeats)
-        for sha in (good, bad):  # an endpoint that failed last time is tried again
-            self.store.clear_skip(sha)
+        for state in (self.states[0], self.states[-1]):  # one that failed last time: again
+            self.store.clear_skip(state.sha)
         while True:
-            self._parallel([(good, target, "search"), (bad, target, "search")])
+            self.schedule.measure_endpoints(target)
             for state in (self.states[0], self.states[-1]):
-                reason = self.store.skip_reason(state.sha)
-                if reason:
+                if reason := self.store.skip_reason(state.sha):
                     raise FtError(f"endpoint {state.sha[:10]} could not be measured: {reason}")
-            g, b = self.store.values(good, "search"), self.store.values(bad, "search")
-            if rank_p(g, b) < self.cfg.alpha:
-                break
+            alike = [w for w in self.schedule.workers if not self._ends_differ(w)]
+            if not alike:
+                self.states[0].verdict, self.states[-1].verdict = Verdict.GOOD, Verdict.BAD
+                return None
             if target >= self.cfg.max_repeats:
-                raise FtError(
-                    f"GOOD {good[:10]} and BAD {bad[:10]} do not differ significantly "
-                    f"(Mann-Whitney p={rank_p(g, b):.3g}): good {_fmt(g)} vs bad {_fmt(b)}"
-                )
+                return alike[0]
             target = min(2 * target, self.cfg.max_repeats)
-        self.states[0].verdict, self.states[-1].verdict = Verdict.GOOD, Verdict.BAD
-        return g, b
+
+    def _ends_differ(self, worker: int) -> bool:
+        return rank_p(*self.schedule.references(worker)) < self.cfg.alpha
 
     # --- the search -------------------------------------------------------------------------
     def run(self) -> BisectResult:
-        good, bad = self.endpoints()
+        try:
+            return self._search()
+        finally:
+            self.measurer.release_all()
+
+    def _search(self) -> BisectResult:
+        alike = self.endpoints()
+        good, bad = self.schedule.references()
         direction = "higher" if median(bad) > median(good) else "lower"
+        last = len(self.states) - 1
+        if alike is not None:
+            return self._result(0, last, direction, Outcome.NO_CHANGE, self._no_change(alike))
         self.log(
             f"endpoints: good {median(good):.4g}, bad {median(bad):.4g} ({direction} is worse)"
         )
-        lo, hi = 0, len(self.states) - 1
+        lo, hi = 0, last
         while untested := [i for i in range(lo + 1, hi) if self.states[i].verdict is None]:
             picks = cut_points(untested, self.cfg.jobs)
-            self.log(f"{hi - lo - 1} commits left between good and bad; measuring {len(picks)}")
-            self._judge_many(picks, good, bad)
+            self.log(f"{plural(len(untested), 'commit')} left to test; measuring {len(picks)}")
+            self._judge_many(picks)
             lo, hi = self._bounds()
             if len(self._skipped()) > self.cfg.max_skips:
-                return self._result(lo, hi, direction, good, bad, Outcome.ABORTED)
-        outcome = Outcome.FOUND if hi - lo == 1 else Outcome.RANGE
-        result = self._result(lo, hi, direction, good, bad, outcome)
-        result.confirmation = self._confirm(lo, hi, direction)
-        result.taken = self.measurer.taken
+                return self._result(lo, hi, direction, Outcome.ABORTED, self._too_many(lo, hi))
+        conf = self._confirm(lo, hi, direction)
+        outcome = self._outcome(lo, hi, conf)
+        result = self._result(lo, hi, direction, outcome, self._message(lo, hi, outcome, conf))
+        result.confirmation = conf
         return result
 
-    def _judge_many(self, picks: list[int], good: list[float], bad: list[float]) -> None:
-        def judge_one(slot: int, i: int) -> None:
+    def _judge_many(self, picks: list[int]) -> None:
+        def judge_one(i: int, worker: int) -> None:
             state, target = self.states[i], self.cfg.repeats
             while True:
-                self.measurer.ensure(state.sha, target, "search", slot)
+                self.measurer.ensure(state.sha, target, "search", worker)
                 reason = self.store.skip_reason(state.sha)
                 if reason:
                     state.verdict, state.reason = Verdict.SKIP, reason
                     break
-                c = classify(self.store.values(state.sha, "search"), good, bad, self.cfg.alpha)
+                good, bad = self.schedule.references(worker)
+                xs = self.schedule.values(state.sha, worker=worker)
+                c = classify(xs, good, bad, self.cfg.alpha)
                 state.verdict, state.p_good, state.p_bad = c.verdict, c.p_good, c.p_bad
                 if c.verdict != Verdict.UNKNOWN or target >= self.cfg.max_repeats:
                     break
                 target = min(2 * target, self.cfg.max_repeats)
             if state.verdict == Verdict.UNKNOWN:
-                state.reason = f"unknown after {target} samples (p={c.p_good:.2g}/{c.p_bad:.2g})"
-            self.measurer.release(slot)
-            self.log(f"{state.sha[:10]}: {state.verdict.value} {state.reason or ''}".rstrip())
+                p_values = f"p={c.p_good:.2g} vs GOOD, {c.p_bad:.2g} vs BAD"
+                state.reason = f"between GOOD and BAD after {target} samples ({p_values})"
+            reason = f": {state.reason}" if state.reason else ""
+            self.log(f"{state.sha[:10]}: {state.verdict.value}{reason}")
 
-        self._run_all([lambda slot=slot, i=i: judge_one(slot, i) for slot, i in enumerate(picks)])
-
-    def _parallel(self, jobs: list[tuple[str, int, str]]) -> None:
-        """Measure several commits at once, one worker slot each (the endpoints)."""
-        width = max(1, min(self.cfg.jobs, len(jobs)))
-        slots: list[list[tuple[str, int, str]]] = [jobs[k::width] for k in range(width)]
-
-        def work(slot: int) -> None:
-            for sha, n, phase in slots[slot]:
-                self._ensure_and_release(sha, n, phase, slot)
-
-        self._run_all([lambda slot=slot: work(slot) for slot in range(width)])
-
-    def _run_all(self, calls: list[Callable[[], None]]) -> None:
-        """Run on worker threads; on Ctrl-C or a failure, stop the others and kill their
-        commands (their samples in flight are dropped; every finished one is on disk)."""
-        pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="ft-bisect")
-        futures = [pool.submit(call) for call in calls]
-        try:
-            for fut in futures:
-                fut.result()
-        except BaseException:
-            self.measurer.abort()
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    def _ensure_and_release(self, sha: str, n: int, phase: str, slot: int) -> None:
-        self.measurer.ensure(sha, n, phase, slot)
-        self.measurer.release(slot)
+        self.schedule.judge([partial(judge_one, i) for i in picks])
 
     def _bounds(self) -> tuple[int, int]:
         verdicts = [s.verdict for s in self.states]
@@ -182,23 +171,54 @@ class Bisector:
     def _skipped(self) -> list[int]:
         return [i for i, s in enumerate(self.states) if s.verdict == Verdict.SKIP]
 
-    def _result(self, lo, hi, direction, good, bad, outcome) -> BisectResult:
+    def _outcome(self, lo: int, hi: int, conf: Confirmation) -> Outcome:
+        if not conf.confirmed:
+            return Outcome.UNCONFIRMED
+        if hi - lo == 1:
+            return Outcome.FOUND
+        between = [s.verdict for s in self.states[lo + 1 : hi]]
+        return Outcome.AMBIGUOUS if Verdict.UNKNOWN in between else Outcome.RANGE
+
+    # --- what the evidence supports, in words ------------------------------------------------
+    def _message(self, lo: int, hi: int, outcome: Outcome, conf: Confirmation) -> str:
+        n, after = hi - lo, self.states[lo].sha[:10]
         cands = ", ".join(s.sha[:10] for s in self.states[lo + 1 : hi + 1])
-        if outcome == Outcome.ABORTED:
-            skipped = self._skipped()
-            message = (
-                f"too many commits could not be measured ({len(skipped)} > --max-skips "
-                f"{self.cfg.max_skips}), e.g. {self.states[skipped[0]].sha[:10]}: "
-                f"{self.states[skipped[0]].reason}; the culprit is among {hi - lo} commits "
-                f"after {self.states[lo].sha[:10]}"
-            )
-        elif outcome == Outcome.FOUND:
-            message = f"first bad commit: {self.states[hi].sha}"
-        else:
-            message = f"the culprit is one of {hi - lo} commits ({cands}): neighbours skipped"
+        if outcome == Outcome.FOUND:
+            return f"first bad commit: {self.states[hi].sha}"
+        if outcome == Outcome.UNCONFIRMED:
+            points = f"{self.states[hi].sha[:10]}" if n == 1 else f"{n} commits ({cands})"
+            return f"not confirmed: the search points at {points} after {after}, but {conf.note}"
+        if outcome == Outcome.RANGE:
+            return f"the culprit is one of {n} commits after {after} ({cands}): neighbours skipped"
+        unknown = sum(s.verdict == Verdict.UNKNOWN for s in self.states[lo + 1 : hi])
+        return (
+            f"the culprit is one of {n} commits after {after} ({cands}): "
+            f"{plural(unknown, 'commit')} between stayed between GOOD and BAD at --max-repeats "
+            f"{self.cfg.max_repeats} (a partial change, or too noisy to tell)"
+        )
+
+    def _too_many(self, lo: int, hi: int) -> str:
+        skipped = self._skipped()
+        first = self.states[skipped[0]]
+        return (
+            f"too many commits could not be measured ({len(skipped)} > --max-skips "
+            f"{self.cfg.max_skips}), e.g. {first.sha[:10]}: {first.reason}; "
+            f"the culprit is among {plural(hi - lo, 'commit')} after {self.states[lo].sha[:10]}"
+        )
+
+    def _no_change(self, worker: int) -> str:
+        g, b = self.schedule.references(worker)
+        where = f" on worker {worker}" if self.cfg.jobs > 1 else ""
+        return (
+            f"GOOD {self.states[0].sha[:10]} and BAD {self.states[-1].sha[:10]} do not differ "
+            f"significantly{where} (Mann-Whitney p={rank_p(g, b):.3g}): good {_fmt(g)} vs bad "
+            f"{_fmt(b)}"
+        )
+
+    def _result(self, lo, hi, direction, outcome, message) -> BisectResult:
         return BisectResult(
-            self.states, lo, hi, direction, effect(good, bad), outcome, message,
-            taken=self.measurer.taken, skipped=self._skipped(),
+            self.states, lo, hi, direction, effect(*self.schedule.references()), outcome,
+            message, taken=self.measurer.taken, skipped=self._skipped(),
         )  # fmt: skip
 
     # --- confirmation (Pinpoint): fresh samples of both sides, interleaved --------------------
@@ -206,18 +226,19 @@ class Bisector:
         before, after = self.states[lo].sha, self.states[hi].sha
         target = min(2 * self.cfg.repeats, self.cfg.max_repeats)
         while True:
-            skip = self.measurer.interleave(before, after, target)
-            if skip:
-                return Confirmation(False, None, f"could not re-measure: {skip}")
-            b, a = self.store.values(before, "confirm"), self.store.values(after, "confirm")
+            failed = self.schedule.confirm(before, after, target)
+            if failed:
+                return Confirmation(False, None, f"could not re-measure {failed}")
+            b = self.schedule.values(before, "confirm")
+            a = self.schedule.values(after, "confirm")
             eff = effect(b, a)
             worse = (eff.delta > 0) == (direction == "higher")
+            samples = f"{len(b)}+{len(a)} fresh interleaved samples"
             if eff.p < self.cfg.alpha and worse:
-                note = f"confirmed on {len(b)}+{len(a)} fresh interleaved samples, p={eff.p:.2g}"
-                return Confirmation(True, eff, note)
+                return Confirmation(True, eff, f"confirmed on {samples}, p={eff.p:.2g}")
             if target >= self.cfg.max_repeats:
-                note = f"NOT confirmed: re-measured {len(b)}+{len(a)} samples, p={eff.p:.2g}"
-                return Confirmation(False, eff, note)
+                change = "show the opposite change" if eff.p < self.cfg.alpha else "do not differ"
+                return Confirmation(False, eff, f"{samples} of the two {change} (p={eff.p:.2g})")
             target = min(2 * target, self.cfg.max_repeats)
 
 

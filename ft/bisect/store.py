@@ -3,7 +3,9 @@
 One versioned JSON record per (commit, patch stack digest, measurement config hash) under
 OUT/samples/, rewritten atomically after each sample: a Ctrl-C or kill -9 loses at most the
 sample in flight, and a resumed (or repeated) run with the same stack and config reads the
-record back instead of measuring again. Samples are appended, never edited.
+record back instead of measuring again. Samples are appended, never edited. Each sample says
+the conditions it was taken under (its worker and --jobs): only samples of the same conditions
+are compared (ft/bisect/schedule.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ft import __version__, cpuinfo
 from ft.bisect.gitrepo import PatchStack
 from ft.report import write_json_atomic
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: samples carry `jobs`
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -48,6 +50,7 @@ class Sample:
     worker: int
     gpu: str | None  # CUDA_VISIBLE_DEVICES the worker ran with
     seconds: float
+    jobs: int = 1  # measurements running at once on the box when this one was taken
 
 
 class SampleStore:
@@ -91,9 +94,20 @@ class SampleStore:
             "skip": None,
         }
 
-    def values(self, commit: str, phase: str | None = None) -> list[float]:
-        rec = self.record(commit)
-        return [s["value"] for s in rec["samples"] if phase in (None, s["phase"])]
+    def values(
+        self,
+        commit: str,
+        phase: str | None = None,
+        worker: int | None = None,
+        jobs: int | None = None,
+    ) -> list[float]:
+        """The sample values of a commit; None matches any phase, worker or --jobs."""
+        wanted = {"phase": phase, "worker": worker, "jobs": jobs}
+        return [
+            s["value"]
+            for s in self.record(commit)["samples"]
+            if all(want is None or s[key] == want for key, want in wanted.items())
+        ]
 
     def skip_reason(self, commit: str) -> str | None:
         skip = self.record(commit)["skip"]

@@ -3,7 +3,7 @@
 A measuring command talks to the driver through its exit code, as in `git bisect run`:
 0 = it measured (the number is on its last line), 125 = skip this commit, anything else = it
 failed, which is also a skip (a failed build is never evidence that a commit is good or bad).
-`ft bisect` itself exits with the code of how the search ended.
+`ft bisect` itself exits with the code of how the search ended (EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -41,13 +41,28 @@ def command_outcome(returncode: int) -> Skip | None:
 
 
 class Outcome(str, Enum):
-    """How `ft bisect` ended; the value of `exit_code` is what the process exits with."""
+    """How `ft bisect` ended. `found` is the only success; each undecided outcome has its own
+    exit code, so a script can tell them apart (docs/bisect.md lists them beside git bisect's)."""
 
-    FOUND = "found"  # one commit, confirmed or not (the report says which)
-    RANGE = "range"  # the culprit is one of a few commits next to skipped ones
-    ABORTED = "aborted"  # too many skips, endpoints alike: an `error:` line says why
-    INTERRUPTED = "interrupted"
+    FOUND = "found"  # one commit, and fresh interleaved samples confirm the change at it
+    ABORTED = "aborted"  # the search could not go on (too many skips): an `error:` line says why
+    RANGE = "range"  # confirmed, but skipped commits leave several candidates
+    UNCONFIRMED = "unconfirmed"  # narrowed down, but re-measuring did not show the change there
+    AMBIGUOUS = "ambiguous"  # confirmed, but commits between stay between GOOD and BAD
+    NO_CHANGE = "no-change"  # GOOD and BAD do not differ: there is nothing to bisect
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM; every finished sample is saved
 
     @property
     def exit_code(self) -> int:
-        return {"found": 0, "range": 0, "aborted": 1, "interrupted": 130}[self.value]
+        return EXIT_CODES[self]
+
+
+EXIT_CODES = {
+    Outcome.FOUND: 0,
+    Outcome.ABORTED: 1,  # also every bad-input error
+    Outcome.RANGE: 2,  # git bisect run's "cannot bisect more" (only skipped commits left)
+    Outcome.UNCONFIRMED: 3,
+    Outcome.AMBIGUOUS: 4,
+    Outcome.NO_CHANGE: 5,
+    Outcome.INTERRUPTED: 130,  # 128 + SIGINT, as a shell reports it
+}

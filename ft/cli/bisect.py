@@ -21,7 +21,12 @@ def register(app: typer.Typer) -> None:
 
 def bisect_cmd(
     range_: Annotated[
-        str | None, typer.Argument(metavar="GOOD..BAD", help="Last good and first bad revision.")
+        str | None,
+        typer.Argument(
+            metavar="GOOD..BAD",
+            help="A known-good revision and a known-bad one (any bad one, not necessarily the "
+            "first). Which way is worse, higher or lower, is read from their measurements.",
+        ),
     ] = None,
     repo: Annotated[Path, typer.Option("--repo", help="The git repository (read only).")] = Path(
         "."
@@ -48,7 +53,15 @@ def bisect_cmd(
     max_repeats: Annotated[
         int, typer.Option("--max-repeats", help="Cap when doubling an undecided commit.")
     ] = 24,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Commits measured at once.")] = 1,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            help="Commits measured at once, one worker each (a GPU each in engine mode); every "
+            "worker measures both endpoints itself, so compared samples share conditions.",
+        ),
+    ] = 1,
     max_skips: Annotated[
         int, typer.Option("--max-skips", help="Stop after more unmeasurable commits.")
     ] = 6,
@@ -88,7 +101,12 @@ def bisect_cmd(
     ] = "e2e_decode_tok_s",  # fmt: skip
     json_out: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
-    """Find the commit that made a figure worse: endpoints first, rank tests, a patch stack."""
+    """Find the commit that made a figure worse: endpoints first, rank tests, a patch stack.
+
+    Exit codes: 0 found (confirmed), 1 error, 2 range (skipped commits in the way),
+    3 unconfirmed, 4 ambiguous, 5 no change between GOOD and BAD, 130 interrupted
+    (docs/bisect.md).
+    """
     from ft.bisect.config import BisectConfig
     from ft.bisect.driver import BisectOptions, EngineOptions, bisect, resume_options
     from ft.bisect.measure import Interrupted
@@ -129,35 +147,55 @@ def bisect_cmd(
         typer.echo(json.dumps(rep, indent=2))
     else:
         _render(rep)
+    if rep["exit_code"]:
+        raise typer.Exit(rep["exit_code"])
 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+_STYLE = {"good": "green", "bad": "red", "skip": "dim", "unknown": "yellow"}
+
+
 def _render(rep: dict[str, Any]) -> None:
-    console = Console()
-    table = Table(title=f"ft bisect ({rep['direction']} is worse)")
-    for col in ("#", "commit", "subject", "median", "IQR", "n", "verdict", "note"):
-        table.add_column(col, justify="right" if col in ("#", "median", "IQR", "n") else "left")
-    style = {"good": "green", "bad": "red", "skip": "dim", "unknown": "yellow"}
-    for r in rep["commits"]:
-        table.add_row(
-            str(r["index"]), r["sha"][:10], r["subject"][:50],
+    """The table, then the verdict: the same words as report.md, and the exit code beside."""
+    from ft.bisect.report import figure_name
+
+    console = Console(highlight=False)
+    figure = figure_name(rep["measure"]).strip("`")
+    table = Table(title=f"ft bisect: {figure} ({rep['direction']} is worse)")
+    headers = ("#", "commit", "median", "IQR", "n", "verdict")
+    rows = [
+        [
+            str(r["index"]), r["sha"][:10],
             "" if r["median"] is None else f"{r['median']:.4g}",
             "" if r["spread"] is None else f"{r['spread']:.3g}",
-            str(r["n"]), r["verdict"] or "", r["reason"] or "",
-            style=style.get(r["verdict"] or ""),
-        )  # fmt: skip
+            str(r["n"]), r["verdict"] or "",
+        ]
+        for r in rep["commits"]
+    ]  # fmt: skip
+    widths = [max(len(h), *(len(row[k]) for row in rows)) for k, h in enumerate(headers)]
+    for header, width in zip(headers, widths, strict=True):
+        right = header in ("#", "median", "IQR", "n")
+        table.add_column(header, justify="right" if right else "left", min_width=width)
+    # the subject gets what the numbers leave of the line (rich would squeeze them instead)
+    room = console.width - sum(w + 3 for w in widths) - 4
+    table.add_column("subject", no_wrap=True, overflow="ellipsis", max_width=max(12, room))
+    for r, row in zip(rep["commits"], rows, strict=True):
+        table.add_row(*row, r["subject"], style=_STYLE.get(r["verdict"] or ""))
     console.print(table)
+    for r in rep["commits"]:
+        if r["reason"]:
+            console.print(f"  {r['sha'][:10]} {r['verdict']}: {r['reason']}", style="dim")
     console.print(f"endpoints: {rep['endpoints']['text']}")
     if rep["confirmation"]:
         console.print(f"last good -> first bad: {rep['confirmation']['note']}")
-    if c := rep["culprit"]:
-        console.print(
-            f"[bold]{rep['message']}[/bold]\n  {c['subject']}\n  {c['author']}, {c['date']}"
-        )
+    colour = "green" if rep["outcome"] == "found" else "yellow"
+    console.print(f"[bold {colour}]{rep['message']}[/]")
+    if c := rep["suspect"]:
+        label = "" if rep["culprit"] else "suspect, not confirmed: "
+        console.print(f"  {label}{c['subject']}\n  {c['author']}, {c['date']}")
         console.print(c["diffstat"])
-    else:
-        console.print(f"[bold]{rep['message']}[/bold]")
     console.print(f"report: {rep['out']}/report.md, report.json, plot.png")
+    console.print(f"outcome: {rep['outcome']} (exit {rep['exit_code']})", style="dim")

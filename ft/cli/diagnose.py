@@ -91,6 +91,10 @@ def _run_command(cmd: str, config, json_out: bool) -> None:
     _show(report, config.out_dir, json_out)
     if outcome.signal_num is not None:
         sys.exit(128 + outcome.signal_num)
+    if outcome.failure:  # the report stands; the exit code is the command's own, as with time(1)
+        typer.echo(f"error: {outcome.failure}", err=True)
+        code = outcome.exit_code or 1
+        sys.exit(code if code > 0 else 128 - code)
 
 
 def _run_engine(strategies: list[str], serve_args: list[str], spec, config, json_out) -> None:
@@ -103,6 +107,10 @@ def _run_engine(strategies: list[str], serve_args: list[str], spec, config, json
     missing = [m for m in _ENGINE_MODULES if not _importable(m)]
     if missing:
         raise FtError(f"engine mode needs {', '.join(missing)}, which this install lacks")
+    from ft.engine.config import STRATEGIES, check_choice
+
+    for strategy in strategies:  # before the first run, not after it (--vs)
+        check_choice("strategy", strategy, STRATEGIES)
     runs = {}
     for strategy in strategies:
         out = config.out_dir / strategy if len(strategies) > 1 else config.out_dir
@@ -111,6 +119,10 @@ def _run_engine(strategies: list[str], serve_args: list[str], spec, config, json
         if outcome.signal_num is not None:
             _show(runs[strategy], out, json_out)
             sys.exit(128 + outcome.signal_num)
+        if outcome.failure:  # no diagnosis to show: the server's own error says why
+            if json_out:
+                typer.echo(json.dumps(runs[strategy], indent=2, default=str))
+            raise FtError(f"{outcome.failure} (log: {out / 'target.log'})")
     if len(runs) == 1:
         _show(runs[strategies[0]], config.out_dir, json_out)
         return

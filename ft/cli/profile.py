@@ -71,17 +71,24 @@ def render_profile(profile: Profile, console: Console) -> None:
         console.print(f"GPU: {gpu['name']}, {link}; H2D {h2d}, D2H {d2h}")
     if data.get("source"):
         console.print(f"[dim]source: {data['source']}[/]")
-    console.print(decisions_table(profile))
+    table, notes = decisions_table(profile)
+    console.print(table)
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
 
 
-def decisions_table(profile: Profile) -> Table:
-    table = Table(title="Per expert format (ratio = cpu_moe / pcie_gather)")
-    for header in ("format", "CPU MoE GB/s", "PCIe gather GB/s", "ratio", "recommended"):
-        table.add_column(header, no_wrap=header in ("format", "recommended"))
-    table.add_column("fetch", justify="right")
-    table.add_column("note", overflow="fold")
+def decisions_table(profile: Profile) -> tuple[Table, list[str]]:
+    """One row per format, and the notes: numbered under the table, where a long note cannot
+    wrap a row to many lines at 80 columns."""
+    table = Table(title="Per expert format (GB/s; ratio = CPU MoE / PCIe gather)")
+    for header in ("format", "CPU MoE", "PCIe gather", "ratio", "recommended", "fetch", "note"):
+        right = header not in ("format", "recommended", "note")
+        table.add_column(header, no_wrap=True, justify="right" if right else "left")
+    notes: list[str] = []
     for fmt in profile.formats:
         kernel, d = profile.data["dtype_kernels"][fmt], decide(profile, fmt)
+        if d.note:
+            notes.append(f"[{len(notes) + 1}] {fmt}: {d.note}")
         table.add_row(
             fmt,
             _gbs(kernel["cpu_moe_gbs"], ""),
@@ -89,9 +96,9 @@ def decisions_table(profile: Profile) -> Table:
             "-" if d.ratio is None else f"{d.ratio:.2f}",
             f"[green]{d.recommended}[/]" if d.recommended == "hybrid" else d.recommended,
             "-" if d.fetch_fraction is None else f"{d.fetch_fraction:.1%}",
-            d.note or "",
+            f"[{len(notes)}]" if d.note else "",
         )
-    return table
+    return table, notes
 
 
 def _gbs(value: float | None, unit: str = " GB/s") -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ft.report import md_table, write_json_atomic, write_text_atomic
+from ft.report import md_table, plural, write_json_atomic, write_text_atomic
 
 SCHEMA = 1
 
@@ -20,11 +20,24 @@ def _row(strategy: str, r: dict) -> list:
         _fmt(tp.get("e2e_decode_tok_s")),
         _fmt(tp.get("engine_decode_tok_s")),
         _fmt(gpu.get("util_pct")) if gpu["available"] else "n/a",
-        f"{sum(pool):.0f}% ({len(pool)} threads)" if pool else "no pool",
-        f"{main['name']} {main['cpu_pct']:.0f}% {main['wchan']}" if main else "-",
+        f"{sum(pool):.0f}% ({plural(len(pool), 'thread')})" if pool else "no pool",
+        _busiest(main),
         top,
         f"[report]({strategy}/report.md)",
     ]
+
+
+def _busiest(thread: dict | None) -> str:
+    """`ft-engine 93% CPU, running` or `MainThread 3% CPU, sleeping in futex_wait_queue`: its
+    most common state, and its wait channel where it waits (a running thread's wchan is 0)."""
+    if thread is None:
+        return "-"
+    states = thread["states"]
+    state = max(states, key=states.get) if states else "?"
+    words = {"R": "running", "S": "sleeping", "D": "in uninterruptible wait"}.get(state, state)
+    wchan = thread["wchan"]
+    where = f" in {wchan}" if state != "R" and wchan not in ("0", "", None) else ""
+    return f"{thread['name']} {thread['cpu_pct']:.0f}% CPU, {words}{where}"
 
 
 def _fmt(value) -> str:

@@ -36,10 +36,12 @@ def _header(r: dict) -> str:
         else "no stacks"
     )
     exit_text = f", exit code {run['exit_code']}" if run["exit_code"] is not None else ""
+    failed = f"\n\n**The target failed**: {run['failure']}" if run.get("failure") else ""
     return (
         f"# ft diagnose\n\n`{target}`: {run['duration_s']:.1f} s sampled"
         f"{' (the workload window)' if run.get('window') == 'workload' else ''}, stopped by "
         f"{run['stopped_by']}{exit_text}; {run['thread_samples']} thread samples, {stacks}."
+        f"{failed}"
     )
 
 
@@ -61,6 +63,8 @@ def _num(value) -> str:
 
 
 def _findings(r: dict) -> str:
+    if not r["findings"] and r["context"].get("workload") is False and r["run"].get("failure"):
+        return "## Findings\n\nNo diagnosis: the server failed before it was ready to serve."
     if not r["findings"]:
         return "## Findings\n\nNo findings: no rule matched the samples."
     out = ["## Findings"]

@@ -3,7 +3,7 @@
 report.json, schema 1 (a key is only ever added; a change of meaning bumps "schema"):
     schema, kind="ft-diagnose", created (UTC), target {kind, argv, command|strategy, ...},
     config {duration, interval, stack_source, ...}, context {strategy, expects_cpu_pool, ...},
-    run {duration_s, stopped_by, exit_code, thread_samples, stack_source, stack_samples},
+    run {duration_s, stopped_by, exit_code, failure, thread_samples, stack_source, stack_samples},
     findings [{id, severity, title, evidence, next_step, threads}], threads [ThreadSummary],
     gpu GpuSummary, throughput (the workload's figures) | null, events, startup [lines],
     env (as `ft env --json`), files {role: file name}.
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ft.diagnose import render
-from ft.diagnose.findings import findings
+from ft.diagnose.findings import Finding, findings
 from ft.diagnose.startup import startup_lines
 from ft.diagnose.summary import by_kind, summarize
 from ft.log import get_logger
@@ -44,6 +44,11 @@ def write_report(out_dir: Path, outcome) -> dict:
     end = (kinds["end"] or [{}])[-1]
     context = end.get("context") or start.get("context") or {}
     summary = summarize(records, context)
+    rules = (
+        [_for_target(f, context) for f in findings(summary)]
+        if _diagnosable(outcome, context)
+        else []
+    )
     report = {
         "schema": SCHEMA,
         "kind": "ft-diagnose",
@@ -56,11 +61,12 @@ def write_report(out_dir: Path, outcome) -> dict:
             "window": summary.window,
             "stopped_by": outcome.stopped_by,
             "exit_code": outcome.exit_code,
+            "failure": _failure(outcome),
             "thread_samples": len(kinds["threads"]),
             "stack_source": summary.stack_source,
             "stack_samples": summary.stack_samples,
         },
-        "findings": [f.to_json() for f in findings(summary)],
+        "findings": [f.to_json() for f in rules],
         "threads": [asdict(t) | {"hottest_frames": t.hottest_frames} for t in summary.threads],
         "gpu": asdict(summary.gpu) | {"link_gbs": summary.gpu.link_gbs},
         "throughput": next((r for r in kinds["throughput"] if r.get("final")), None),
@@ -79,6 +85,38 @@ def write_report(out_dir: Path, outcome) -> dict:
     md = fit_limit(render.markdown(report, _log_tail(out_dir / FILES["target_log"])))
     write_text_atomic(out_dir / FILES["report_md"], md)
     return report
+
+
+def _diagnosable(outcome, context: dict) -> bool:
+    """A server that failed before it was ready only imported and started up: its samples
+    are no diagnosis of anything (its hot frames would be Python's import machinery)."""
+    return not (_failure(outcome) and context.get("workload") is False)
+
+
+def _failure(outcome) -> str | None:
+    return getattr(outcome, "failure", None)  # outcomes built elsewhere may not say
+
+
+# Next steps for a program that is not the engine (`--cmd` of anything but `ft serve`), where
+# the rules' own advice names engine flags and commands that program does not have.
+PLAIN_NEXT_STEPS = {
+    "hot-thread-gpu-idle": (
+        "Read the hottest frames: they are what this thread spends its core on while the GPU "
+        "and the other threads wait."
+    ),
+    "fetch-bound": (
+        "The GPU waits on host-to-device copies: keep the data on the device, copy less, or "
+        "overlap the copies with compute."
+    ),
+}
+
+
+def _for_target(finding: Finding, context: dict) -> Finding:
+    """The finding, with a next step the target can act on (the engine names its strategy)."""
+    plain = PLAIN_NEXT_STEPS.get(finding.id)
+    if plain is None or context.get("strategy"):
+        return finding
+    return replace(finding, next_step=plain)
 
 
 def collapsed_stacks(stacks: list[dict], source: str | None) -> str:

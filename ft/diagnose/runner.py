@@ -49,6 +49,7 @@ class RunOutcome:
     exit_code: int | None
     signal_num: int | None = None
     notes: list[str] = field(default_factory=list)
+    failure: str | None = None  # the target failed: how, with its own last error line
 
 
 @contextmanager
@@ -162,4 +163,6 @@ def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
     code = target.poll()
     get_logger("ft.diagnose").debug("run stopped by %s, exit %s", stopped_by, code)
     sig = got[0] if got else None
-    return RunOutcome(stream.path, stopped_by, code if stopped_by == "target-exit" else None, sig)
+    exit_code = code if stopped_by == "target-exit" else None
+    failure = target.failure(exit_code)
+    return RunOutcome(stream.path, stopped_by, exit_code, sig, failure=failure)

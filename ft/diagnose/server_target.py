@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ft.diagnose.targets import ProcessTarget
+from ft.diagnose.targets import ProcessTarget, exit_text, last_error_line
 from ft.errors import FtError
 
 READY = re.compile(r"API server is ready to serve on (\S+):(\d+)")
@@ -139,6 +139,14 @@ class ServerTarget(ProcessTarget):
 
     def describe(self) -> dict:
         return super().describe() | {"strategy": self.strategy, "workload": asdict(self.spec)}
+
+    def failure(self, exit_code: int | None) -> str | None:
+        """A server never exits on its own: any exit before the workload is done failed."""
+        if exit_code is None or (self.finished() and self.error is None):
+            return None
+        when = "during the workload" if self.url else "before it was ready"
+        how, line = exit_text(exit_code), last_error_line(self.log_path)
+        return f"`ft serve --moe-strategy {self.strategy}` exited with {how} {when}{line}"
 
     def stop(self, grace: float = 10.0) -> None:
         super().stop(grace)

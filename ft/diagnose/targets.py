@@ -82,6 +82,15 @@ class ProcessTarget:
     def describe(self) -> dict:
         return {"kind": self.label, "argv": self.argv, "python": self.is_python()}
 
+    def failure(self, exit_code: int | None) -> str | None:
+        """Why the run failed, in one line, once the target exited on its own with exit_code
+        (None: it did not exit); None when it did not fail (a command that exits 0 is done)."""
+        if not exit_code:
+            return None
+        return (
+            f"the {self.label} exited with {exit_text(exit_code)}{last_error_line(self.log_path)}"
+        )
+
     def is_python(self) -> bool:
         exe = Path(self.argv[0]).name if self.argv else ""
         return bool(_PYTHON.match(exe)) or (self.argv[:2] == ["uv", "run"])
@@ -101,6 +110,26 @@ class ProcessTarget:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:  # unkillable (D state): leave it, but say so
             pass
+
+
+def exit_text(exit_code: int) -> str:
+    return f"code {exit_code}" if exit_code >= 0 else f"signal {-exit_code}"
+
+
+def last_error_line(log_path: Path) -> str:
+    """`: ` and the target's own last error line (else its last line), or "" if it said nothing:
+    the line that says why it failed, which otherwise sits in target.log."""
+    try:
+        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    errors = [ln for ln in lines if _ERROR_LINE.match(ln)]
+    line = (errors or lines or [""])[-1].removeprefix("error: ")
+    return f": {line[:300]}" if line else ""
+
+
+_ERROR_LINE = re.compile(r"(error\b|[\w.]*(Error|Exception|Exit)\b)", re.IGNORECASE)
 
 
 def _die_with_parent() -> None:

@@ -109,41 +109,63 @@ def _rope_theta(raw: dict) -> float:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         raise FtError(f"rope_type {rope_type!r} is not supported (only 'default')")
-    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    if "rope_theta" in params:
+        return _field(params, "rope_theta", float)
+    return _field(raw, "rope_theta", float, 10000.0)
 
 
 def _parse(raw: dict, model_type: str) -> ModelConfig:
-    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
     qwen = model_type == "qwen3_moe"
-    experts = raw.get("num_experts", raw.get("num_local_experts")) if qwen else None
-    experts = int(experts if qwen else raw["num_local_experts"])
-    inter = int(raw["intermediate_size"])
+    hidden, heads = _field(raw, "hidden_size", int), _field(raw, "num_attention_heads", int)
+    experts = "num_experts" if qwen and "num_experts" in raw else "num_local_experts"
+    inter = _field(raw, "intermediate_size", int)
     eos = raw.get("eos_token_id")
     return ModelConfig(
         model_type=model_type,
-        vocab_size=int(raw["vocab_size"]),
+        vocab_size=_field(raw, "vocab_size", int),
         hidden_size=hidden,
-        num_layers=int(raw["num_hidden_layers"]),
+        num_layers=_field(raw, "num_hidden_layers", int),
         num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or hidden // heads),
-        num_experts=experts,
-        top_k=int(raw["num_experts_per_tok"]),
-        moe_intermediate_size=int(raw["moe_intermediate_size"]) if qwen else inter,
+        num_kv_heads=_field(raw, "num_key_value_heads", int, None) or heads,
+        head_dim=_field(raw, "head_dim", int, None) or hidden // heads,
+        num_experts=_field(raw, experts, int),
+        top_k=_field(raw, "num_experts_per_tok", int),
+        moe_intermediate_size=_field(raw, "moe_intermediate_size", int) if qwen else inter,
         intermediate_size=inter,
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)) if qwen else True,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=_field(raw, "rms_norm_eps", float, 1e-6),
         rope_theta=_rope_theta(raw),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        max_position_embeddings=_field(raw, "max_position_embeddings", int, 4096),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),
-        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1) if qwen else 1,
+        decoder_sparse_step=(_field(raw, "decoder_sparse_step", int, 1) or 1) if qwen else 1,
         mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()) if qwen else (),
         eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
         torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"),
         sliding_window=_sliding_window(raw, qwen),
         expert_format=_expert_format(raw),
     )
+
+
+_REQUIRED = object()
+
+
+def _field(raw: dict, name: str, kind: type, default: object = _REQUIRED):
+    """config.json's `name` as an int or a float; an error names the field (a missing or
+    null one takes the default where there is one)."""
+    value = raw.get(name)
+    if value is None:
+        if default is _REQUIRED:
+            raise FtError(f"config.json has no field '{name}'")
+        return default
+    fractional = kind is int and isinstance(value, float) and not value.is_integer()
+    try:
+        if isinstance(value, bool | dict | list) or fractional:
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        want = "an integer" if kind is int else "a number"
+        raise FtError(f"config.json field '{name}' should be {want}, got {value!r:.40}") from None
 
 
 def _expert_format(raw: dict) -> str:
@@ -155,8 +177,7 @@ def _expert_format(raw: dict) -> str:
 def _sliding_window(raw: dict, qwen: bool) -> int | None:
     if qwen and not raw.get("use_sliding_window", False):
         return None
-    window = raw.get("sliding_window")
-    return int(window) if window else None
+    return _field(raw, "sliding_window", int, None) or None
 
 
 @dataclass(frozen=True)

@@ -51,3 +51,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """`1 commit`, `2 commits` (`many` where adding an s is wrong)."""
+    return f"{n} {noun if n == 1 else many or noun + 's'}"

@@ -28,7 +28,10 @@ if (wt / "crash-me").exists():
 if "v2" not in (wt / "loader.txt").read_text():
     print("cannot load the checkpoint", file=sys.stderr)
     sys.exit(1)
-value = float((wt / "figure.txt").read_text())
+# figure.txt: one figure, or a sequence for this commit's 1st, 2nd, ... sample (the last repeats)
+figures = [float(x) for x in (wt / "figure.txt").read_text().split()]
+earlier = counter.read_text().splitlines()[:-1].count(commit)
+value = figures[min(earlier, len(figures) - 1)]
 print("warming up")
 seed = os.environ.get("FIG_SEED") or commit  # FIG_SEED: the same noise whatever the hashes
 print(value * (1 + random.Random(f"{seed}-{n}").gauss(0, 0.02)))
@@ -63,21 +66,25 @@ class Project:
     def cmd(self) -> str:
         return f"{sys.executable} {self.script} {self.counter}"
 
-    def bisect(self, *args: str, good: int = 0, bad: int = -1, out: str = "out"):
+    def args(self, *extra: str, good: int = 0, bad: int = -1, out: str = "out") -> list[str]:
+        """`ft bisect` over the project, its report in OUT (for the terminal: no --json)."""
         rng = f"{self.shas[good]}..{self.shas[bad]}"
-        return run_ft(
-            "bisect", rng, "--repo", str(self.repo), "--run", self.cmd,
-            "--out", str(self.repo.parent / out), "--json", *args, timeout=240,
-        )  # fmt: skip
+        return ["bisect", rng, "--repo", str(self.repo), "--run", self.cmd,
+                "--out", str(self.repo.parent / out), *extra]  # fmt: skip
+
+    def bisect(self, *args: str, good: int = 0, bad: int = -1, out: str = "out"):
+        return run_ft(*self.args("--json", *args, good=good, bad=bad, out=out), timeout=240)
 
 
 def make_project(
     tmp: Path,
-    figures: list[float],
+    figures: list[float | str],
     changes: dict[int, dict[str, str | None]] | None = None,
     loader: str = "format v2\n",
+    subjects: dict[int, str] | None = None,
 ) -> Project:
-    """Commit i sets figure.txt to figures[i] and applies changes[i] (None deletes a file)."""
+    """Commit i sets figure.txt to figures[i] and applies changes[i] (None deletes a file);
+    subjects[i] replaces its commit subject."""
     repo = tmp / "repo"
     repo.mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
@@ -92,7 +99,8 @@ def make_project(
                 (repo / name).parent.mkdir(parents=True, exist_ok=True)
                 (repo / name).write_text(text)
         git(repo, "add", "-A")
-        git(repo, "commit", "-q", "--allow-empty", "-m", f"change {i}: figure {fig}")
+        subject = (subjects or {}).get(i, f"change {i}: figure {fig}")
+        git(repo, "commit", "-q", "--allow-empty", "-m", subject)
         shas.append(git(repo, "rev-parse", "HEAD"))
     script = tmp / "measure.py"
     script.write_text(MEASURE)
@@ -104,9 +112,12 @@ def step(n: int, at: int, before: float = 100.0, after: float = 80.0) -> list[fl
     return [before if i < at else after for i in range(n)]
 
 
-def result(proc) -> dict:
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+def result(proc, exit_code: int = 0) -> dict:
+    """The --json report of a run that exited with `exit_code`, which the report repeats."""
+    assert proc.returncode == exit_code, proc.stderr[-3000:]
+    rep = json.loads(proc.stdout)
+    assert rep["exit_code"] == exit_code
+    return rep
 
 
 def culprit(rep: dict) -> str:

@@ -34,8 +34,11 @@ def test_noisy_step_is_found_in_bounded_measurements(tmp_path):
     out = Path(rep["out"])
     assert (out / "plot.png").stat().st_size > 1000
     assert p.shas[11][:10] in (out / "report.md").read_text()
-    for row in rep["commits"]:  # raw samples kept with their metadata
-        assert len([s for s in row["samples"] if s["phase"] == "search"]) == row["n"] >= 3
+    for row in rep["commits"]:  # raw samples kept with their metadata; n counts them all
+        confirm = [s for s in row["samples"] if s["phase"] == "confirm"]
+        assert len(row["samples"]) == row["n"] >= 3 and row["n_confirm"] == len(confirm)
+    rows = {r["index"]: r for r in rep["commits"]}
+    assert rows[11]["n_confirm"] >= 6 and rows[11]["n"] > rows[11]["n_confirm"]
 
 
 def test_failing_commits_are_skipped_and_the_culprit_still_found(tmp_path):
@@ -53,7 +56,7 @@ def test_failing_commits_are_skipped_and_the_culprit_still_found(tmp_path):
 
 def test_a_culprit_next_to_a_skipped_commit_is_a_range(tmp_path):
     p = make_project(tmp_path, step(14, 8), {7: {"crash-me": "x"}, 8: {"crash-me": None}})
-    rep = result(p.bisect())
+    rep = result(p.bisect(), exit_code=2)  # git bisect run's "cannot bisect more"
     assert rep["outcome"] == "range"
     table = [(r["index"], r["verdict"], r["median"], r["n"]) for r in rep["commits"]]
     assert [c["sha"] for c in rep["candidates"]] == p.shas[7:9], table
@@ -111,15 +114,16 @@ def test_a_patch_that_does_not_apply_skips_the_commit_with_the_reason(tmp_path):
     assert rows[0]["applied"] == ["patch 00-notes.patch applied"]
 
 
-def test_endpoints_that_do_not_differ_stop_with_both_samples(tmp_path, monkeypatch):
+def test_endpoints_that_do_not_differ_are_no_change_with_both_samples(tmp_path, monkeypatch):
     monkeypatch.setenv("FIG_SEED", "flat")  # fixed noise: 1 run in 20 would "differ" by chance
     p = make_project(tmp_path, [100.0] * 6)
-    proc = p.bisect("--max-repeats", "6")
-    assert proc.returncode == 1
-    lines = error_lines(proc)
-    assert len(lines) == 1 and "do not differ significantly" in lines[0]
-    assert lines[0].count("[") == 2  # both samples shown
+    rep = result(p.bisect("--max-repeats", "6"), exit_code=5)
+    assert rep["outcome"] == "no-change" and rep["culprit"] is None
+    assert "do not differ significantly" in rep["message"]
+    assert rep["message"].count("[") == 2  # both samples shown
     assert len(p.runs()) == 12
+    md = (Path(rep["out"]) / "report.md").read_text()
+    assert md.startswith(f"### `ft bisect {p.shas[0][:10]}..{p.shas[-1][:10]}`: no-change (exit 5)")
 
 
 def error_lines(proc) -> list[str]:

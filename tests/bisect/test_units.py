@@ -23,6 +23,54 @@ def test_exit_codes_map_once():
     assert "failed (exit 1)" in command_outcome(1).reason
     assert "signal 9" in command_outcome(-9).reason
     assert Outcome.FOUND.exit_code == 0 and Outcome.ABORTED.exit_code == 1
+    codes = [o.exit_code for o in Outcome]
+    assert len(set(codes)) == len(codes)  # a script tells every outcome apart
+    assert [o for o in Outcome if o.exit_code == 0] == [Outcome.FOUND]
+    assert Outcome.RANGE.exit_code == 2  # git bisect run's "cannot bisect more"
+
+
+def test_the_axis_names_the_figure_and_which_way_is_worse():
+    from ft.bisect.report import axis_label
+
+    def rep(measure, direction="lower"):
+        return {"measure": measure, "direction": direction}
+
+    assert (
+        axis_label(rep({"judge": "run", "command": "python b.py", "metric": "decode.tok_s"}))
+        == "decode.tok_s (lower is worse)"
+    )
+    assert (
+        axis_label(rep({"judge": "run", "command": "python b.py", "metric": None}, "higher"))
+        == "python b.py (higher is worse)"
+    )
+    engine = {"judge": "engine", "figure": "e2e_decode_tok_s"}
+    assert axis_label(rep(engine)) == "e2e_decode_tok_s (lower is worse)"
+    long = axis_label(rep({"judge": "run", "command": "x" * 80, "metric": None}))
+    assert len(long) < 70 and "figure" not in long
+
+
+def test_jobs_beyond_the_box_warn(monkeypatch):
+    from ft.bisect import config
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(config, "allowed_cores", lambda: [0, 1])
+    assert config.interference(1, engine=False) is None
+    warning = config.interference(2, engine=False)
+    assert "2 measurements at once on 2 cores" in warning and "--jobs 1" in warning
+    monkeypatch.setattr(config, "allowed_cores", lambda: list(range(16)))
+    assert config.interference(4, engine=False) is None
+    monkeypatch.setattr(config, "_nvml_gpu_count", lambda: 2)
+    assert config.interference(2, engine=True) is None
+    assert "on 2 GPUs" in config.interference(3, engine=True)
+    monkeypatch.setattr(config, "_nvml_gpu_count", lambda: 0)
+    assert "no GPU" in config.interference(2, engine=True)
+
+
+def test_plurals():
+    from ft.report import plural
+
+    assert plural(1, "commit") == "1 commit" and plural(2, "commit") == "2 commits"
+    assert plural(0, "thread") == "0 threads" and plural(3, "index", "indices") == "3 indices"
 
 
 @pytest.mark.parametrize(

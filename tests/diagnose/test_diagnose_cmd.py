@@ -19,12 +19,12 @@ ASSETS = REPO_ROOT / "tests" / "assets"
 pytestmark = pytest.mark.timeout(120)
 
 
-def diagnose(tmp_path: Path, script: str, *extra: str, env=None) -> dict:
+def diagnose(tmp_path: Path, script: str, *extra: str, env=None, exit_code: int = 0) -> dict:
     out = tmp_path / "report"
     cmd = f"{sys.executable} {ASSETS / script}"
     args = ["diagnose", "--cmd", cmd, "--duration", "2", "--interval", "0.2", "--out", str(out)]
     proc = run_ft(*args, *extra, env=env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == exit_code, proc.stderr
     return json.loads((out / "report.json").read_text())
 
 
@@ -77,8 +77,9 @@ def test_lock_waiter_is_blocked_not_hot(tmp_path):
 
 
 def test_target_killed_midway_still_leaves_a_complete_report(tmp_path):
-    report = diagnose(tmp_path, "dies_midway.py", "--stack-source", "agent")
+    report = diagnose(tmp_path, "dies_midway.py", "--stack-source", "agent", exit_code=137)
     assert report["run"]["stopped_by"] == "target-exit"
+    assert report["run"]["failure"] == "the command exited with signal 9"
     assert report["run"]["exit_code"] == -signal.SIGKILL
     assert report["run"]["stack_samples"] > 0
     assert "spin_until_killed" in thread(report, "MainThread")["top_stack"][-1]
@@ -161,6 +162,42 @@ def test_non_python_target_reports_without_stacks(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["run"]["stack_source"] is None and report["threads"][0]["comm"] == "sleep"
     assert "No stack samples" in (out / "report.md").read_text()
+
+
+def test_a_command_that_fails_keeps_its_report_and_returns_its_exit_code(tmp_path):
+    out = tmp_path / "report"
+    cmd = "sh -c 'echo starting; echo oops: no such input >&2; exit 3'"
+    proc = run_ft("diagnose", "--cmd", cmd, "--duration", "5", "--out", str(out))
+    assert proc.returncode == 3
+    assert proc.stderr == "error: the command exited with code 3: oops: no such input\n"
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["exit_code"] == 3 and "code 3" in report["run"]["failure"]
+    assert (
+        "**The target failed**: the command exited with code 3" in (out / "report.md").read_text()
+    )
+    proc = run_ft("diagnose", "--cmd", "true", "--duration", "5", "--out", str(tmp_path / "ok"))
+    assert proc.returncode == 0 and proc.stderr == ""  # a command that finishes is no failure
+
+
+def test_engine_mode_with_a_server_that_cannot_start_is_one_error(tmp_path):
+    out = tmp_path / "report"
+    args = ["--strategy", "offload", "--model", str(tmp_path / "no-such-model"), "--out", str(out)]
+    proc = run_ft("diagnose", *args, "--duration", "60")
+    assert proc.returncode == 1
+    assert proc.stdout == ""  # no "stopped by", no findings
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: `ft serve --moe-strategy offload`")
+    assert (
+        f"before it was ready: model directory not found: {tmp_path / 'no-such-model'}" in lines[0]
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert report["findings"] == [] and report["run"]["failure"] in lines[0]
+    assert "No diagnosis: the server failed before it was ready" in (out / "report.md").read_text()
+    proc = run_ft(
+        "diagnose", "--strategy", "offload", "--vs", "bogus", "--out", str(tmp_path / "v")
+    )
+    assert proc.returncode == 1 and proc.stderr.startswith("error: unknown strategy 'bogus'")
+    assert not (tmp_path / "v").exists()  # refused before the first run
 
 
 def test_bad_input_is_one_line_error(tmp_path):

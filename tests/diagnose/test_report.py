@@ -3,7 +3,8 @@
 import json
 from types import SimpleNamespace
 
-from ft.diagnose.report import collapsed_stacks, fit_limit, write_report
+from ft.diagnose.compare import write_comparison
+from ft.diagnose.report import PLAIN_NEXT_STEPS, collapsed_stacks, fit_limit, write_report
 from ft.probes.sampler import Stream
 from ft.report import GITHUB_COMMENT_LIMIT, details
 from tests.diagnose.synthetic import T, engine_main, pool, stream
@@ -48,3 +49,29 @@ def test_collapsed_stacks_count_identical_stacks():
     (line,) = text.splitlines()
     assert line.startswith("process 100;MainThread (100);<module> (serve.py:1);step")
     assert line.endswith("inline_experts (moe.py:42) 4")
+
+
+def test_next_steps_name_engine_commands_only_for_the_engine(tmp_path):
+    threads = [engine_main(), *pool(2)]
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "engine").mkdir()
+    plain = write(tmp_path / "plain", stream(threads, ticks=4))
+    engine = write(tmp_path / "engine", stream(threads, ticks=4, context={"strategy": "hybrid"}))
+    hot = {r: rep["findings"][0] for r, rep in (("plain", plain), ("engine", engine))}
+    assert hot["plain"]["id"] == hot["engine"]["id"] == "hot-thread-gpu-idle"
+    assert hot["plain"]["next_step"] == PLAIN_NEXT_STEPS["hot-thread-gpu-idle"]
+    assert "ft diagnose --strategy" not in (tmp_path / "plain" / "report.md").read_text()
+    assert "ft bisect" in hot["engine"]["next_step"]
+
+
+def test_the_side_by_side_names_the_busiest_thread_s_state_not_a_wchan_of_0(tmp_path):
+    runs = {}
+    for strategy, main in (("hybrid", engine_main()), ("offload", engine_main(30, "S"))):
+        (tmp_path / strategy).mkdir()
+        records = stream([main, *pool(1)], ticks=4, context={"strategy": strategy})
+        runs[strategy] = write(tmp_path / strategy, records)
+    md = write_comparison(tmp_path, runs)
+    hybrid, offload = (ln for ln in md.splitlines() if ln.startswith(("| hybrid", "| offload")))
+    assert "| MainThread 99% CPU, running |" in hybrid and " 0 |" not in hybrid
+    assert "| MainThread 30% CPU, sleeping in futex_do_wait |" in offload
+    assert "(1 thread)" in hybrid and "threads)" not in hybrid

@@ -67,6 +67,9 @@ BASE = dict(
 )  # fmt: skip
 
 
+MIXTRAL = {**BASE, "model_type": "mixtral", "num_local_experts": 4}
+
+
 def test_qwen3_fields_and_dense_layers():
     cfg = ModelConfig.from_dict({
         **BASE, "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4,
@@ -86,7 +89,13 @@ def test_mixtral_renormalises_top_k():
     "raw, message",
     [
         ({**BASE, "architectures": ["LlamaForCausalLM"]}, "unsupported architecture"),
-        ({"architectures": ["MixtralForCausalLM"]}, "missing or has a bad field"),
+        ({"architectures": ["MixtralForCausalLM"]}, "config.json has no field 'hidden_size'"),
+        ({**MIXTRAL, "num_hidden_layers": "four"},
+         "config.json field 'num_hidden_layers' should be an integer, got 'four'"),
+        ({**MIXTRAL, "num_experts_per_tok": 2.5},
+         "field 'num_experts_per_tok' should be an integer"),
+        ({**MIXTRAL, "rms_norm_eps": [1e-6]}, "field 'rms_norm_eps' should be a number"),
+        ({**MIXTRAL, "num_local_experts": None}, "config.json has no field 'num_local_experts'"),
         ({**BASE, "model_type": "mixtral", "num_local_experts": 4,
           "rope_scaling": {"rope_type": "yarn"}}, "rope_type"),
     ],
