@@ -73,6 +73,21 @@ def expand_stacks(records: list[dict]) -> list[dict]:
     return records
 
 
+def start_attach_agent() -> None:
+    """Start the on-demand agent in this process when FT_AGENT_ATTACH is set (`ft serve` calls
+    this, so a service needs only that variable, not PYTHONPATH); never fails the caller."""
+    if not settings.agent_attach():
+        return
+    try:
+        from ft.probes.agent.sitecustomize import start
+
+        start()
+    except Exception as exc:
+        from ft.log import get_logger
+
+        get_logger("ft.probes").warning("stack agent not started: %s", exc)
+
+
 def ptrace_scope() -> int | None:
     """Yama's ptrace_scope (0 classic, 1 children only, 2 admin only, 3 none); None without Yama."""
     try:
