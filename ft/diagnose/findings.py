@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ft.diagnose.attach import stacks_advice
+from ft.diagnose.attach_advice import stacks_advice
 from ft.diagnose.summary import AGENT, Summary, ThreadSummary, parse_cpulist
 from ft.probes import threads as roles
 
