@@ -49,10 +49,11 @@ def api_key() -> str | None:
     return os.environ.get("FT_API_KEY") or None
 
 
-# The stack agent runs inside the target, where `ft` may not be importable: it reads these two by
+# The stack agent runs inside the target, where `ft` may not be importable: it reads these by
 # name (ft/probes/agent/sitecustomize.py); `ft diagnose` sets them through the functions below.
 AGENT_OUT = "FT_AGENT_OUT"
 AGENT_INTERVAL = "FT_AGENT_INTERVAL"
+AGENT_ATTACH = "FT_AGENT_ATTACH"
 
 
 def agent_out() -> str | None:
@@ -63,3 +64,9 @@ def agent_out() -> str | None:
 def agent_interval() -> float:
     """FT_AGENT_INTERVAL: seconds between the agent's stack samples (default 0.1)."""
     return float(os.environ.get(AGENT_INTERVAL) or 0.1)
+
+
+def agent_attach() -> str | None:
+    """FT_AGENT_ATTACH: folder through which `ft diagnose --pid` asks a running process's stack
+    agent for samples (a service's unit file sets it); the agent writes nothing until asked."""
+    return os.environ.get(AGENT_ATTACH) or None

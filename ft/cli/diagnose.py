@@ -29,6 +29,10 @@ def diagnose(
     strategy: Annotated[
         str | None, typer.Option("--strategy", help="Engine mode: `ft serve --moe-strategy S`.")
     ] = None,
+    pid: Annotated[
+        int | None,
+        typer.Option("--pid", min=1, help="Attach to this running process (never stopped)."),
+    ] = None,
     vs: Annotated[
         str | None, typer.Option("--vs", help="Engine mode: run this strategy too, side by side.")
     ] = None,
@@ -59,7 +63,8 @@ def diagnose(
 ) -> None:
     """Sample threads, GPU and Python stacks of a target, then apply the findings rules.
 
-    --cmd runs any program; --strategy starts `ft serve` (unknown options go to it) + workload.
+    --cmd runs any program; --strategy starts `ft serve` (unknown options go to it) + workload;
+    --pid attaches to a process that is already running, such as a service.
 
     Writes report.md, report.json, stacks.collapsed, timeline.png, samples.jsonl into --out.
 
@@ -67,14 +72,18 @@ def diagnose(
     """
     from ft.diagnose.runner import DiagnoseConfig
 
-    if (cmd is None) == (strategy is None):
-        raise FtError('give either --cmd "COMMAND" or --strategy S')
+    if sum(mode is not None for mode in (cmd, strategy, pid)) != 1:
+        raise FtError('give one of --cmd "COMMAND", --strategy S or --pid PID')
     if cmd is not None and (ctx.args or vs):
         raise FtError(f"unexpected with --cmd: {' '.join(ctx.args) or '--vs'}")
+    if pid is not None and (ctx.args or vs):
+        raise FtError(f"unexpected with --pid: {' '.join(ctx.args) or '--vs'}")
     out = out or Path("ft-diagnose-" + time.strftime("%Y%m%d-%H%M%S"))
-    duration = duration if duration is not None else (10.0 if cmd is not None else 900.0)
+    duration = duration if duration is not None else (10.0 if strategy is None else 900.0)
     config = DiagnoseConfig(out, duration, interval, stack_source)
-    if cmd is not None:
+    if pid is not None:
+        _run_attached(pid, config, json_out)
+    elif cmd is not None:
         _run_command(cmd, config, json_out)
     else:
         serve_args = [*(["--model", model] if model else []), *ctx.args]
@@ -95,6 +104,17 @@ def _run_command(cmd: str, config, json_out: bool) -> None:
         typer.echo(f"error: {outcome.failure}", err=True)
         code = outcome.exit_code or 1
         sys.exit(code if code > 0 else 128 - code)
+
+
+def _run_attached(pid: int, config, json_out: bool) -> None:
+    """`--pid`: the same run and report as --cmd; ft detaches at the end, the target runs on."""
+    from ft.diagnose.attach import PidTarget
+    from ft.diagnose.runner import diagnose as run_diagnose
+
+    outcome, report = run_diagnose(PidTarget(pid), config)
+    _show(report, config.out_dir, json_out)
+    if outcome.signal_num is not None:
+        sys.exit(128 + outcome.signal_num)
 
 
 def _run_engine(strategies: list[str], serve_args: list[str], spec, config, json_out) -> None:

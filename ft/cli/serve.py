@@ -30,7 +30,9 @@ def serve(
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     from ft.engine.runner import LLMEngine
     from ft.engine.serve.server import bind_socket, run_server
+    from ft.probes.stacks import start_attach_agent
 
+    start_attach_agent()  # FT_AGENT_ATTACH (a unit file): stacks for `ft diagnose --pid`
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     try:
         llm = LLMEngine(engine.config())

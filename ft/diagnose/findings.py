@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ft.diagnose.attach_advice import stacks_advice
 from ft.diagnose.summary import AGENT, Summary, ThreadSummary, parse_cpulist
 from ft.probes import threads as roles
 
@@ -259,8 +260,8 @@ def core_overlap(s: Summary) -> list[Finding]:
 def ptrace_denied(s: Summary) -> list[Finding]:
     """py-spy could not attach; say what the stacks came from instead."""
     denied = [e for e in s.events if e.get("event") == "ptrace-denied"]
-    if not denied:
-        return []
+    if not denied or (s.context.get("attached") and s.stack_source is None):
+        return []  # an attached process without stacks: stacks_unavailable says it, and how
     instead = {
         "agent": "the in-process stack agent (no ptrace needed)",
         "py-spy": "py-spy samples taken before the denial",
@@ -284,6 +285,29 @@ def ptrace_denied(s: Summary) -> list[Finding]:
     ]
 
 
+def stacks_unavailable(s: Summary) -> list[Finding]:
+    """A process ft attached to (`--pid`) gave no Python stacks: why, and what would give them."""
+    if not s.context.get("attached") or s.stack_source is not None:
+        return []
+    why, how, matters = stacks_advice(s.context, s.events)
+    pyspy = ("ptrace-denied", "py-spy-failed")
+    failed = [e.get("detail") for e in s.events if e.get("event") in pyspy]
+    return [
+        Finding(
+            id="stacks-unavailable",
+            severity="warning" if matters else "info",
+            title=f"no Python stacks from {why}",
+            evidence={
+                "ptrace": s.context.get("ptrace"),
+                "agent": s.context.get("agent"),
+                "agent_folder": s.context.get("agent_folder"),
+                "py_spy_error": failed[0] if failed else None,
+            },
+            next_step=how,
+        )
+    ]
+
+
 RULES = (
     hot_thread_gpu_idle,
     cpu_pool_idle,
@@ -291,6 +315,7 @@ RULES = (
     run_queue_delay,
     core_overlap,
     ptrace_denied,
+    stacks_unavailable,
 )
 
 

@@ -37,8 +37,9 @@ def _header(r: dict) -> str:
     )
     exit_text = f", exit code {run['exit_code']}" if run["exit_code"] is not None else ""
     failed = f"\n\n**The target failed**: {run['failure']}" if run.get("failure") else ""
+    attached = f" (attached to pid {r['target']['pid']})" if r["target"].get("pid") else ""
     return (
-        f"# ft diagnose\n\n`{target}`: {run['duration_s']:.1f} s sampled"
+        f"# ft diagnose\n\n`{target}`{attached}: {run['duration_s']:.1f} s sampled"
         f"{' (the workload window)' if run.get('window') == 'workload' else ''}, stopped by "
         f"{run['stopped_by']}{exit_text}; {run['thread_samples']} thread samples, {stacks}."
         f"{failed}"

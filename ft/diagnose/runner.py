@@ -106,10 +106,12 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
     return outcome
 
 
-def _sampler_config(config: DiagnoseConfig) -> SamplerConfig:
-    """py-spy pauses the target per dump: sparse beside the agent, every interval when alone."""
-    every = config.interval if config.stack_source == "py-spy" else max(2.0, 4 * config.interval)
-    return SamplerConfig(config.interval, config.stack_source, pyspy_every=every)
+def _sampler_config(config: DiagnoseConfig, target: ProcessTarget) -> SamplerConfig:
+    """py-spy pauses the target per dump: sparse beside the agent, every interval when alone.
+    A target ft attached to is never paused: py-spy reads it --nonblocking, every interval."""
+    alone = config.stack_source == "py-spy" or not target.may_pause
+    every = config.interval if alone else max(2.0, 4 * config.interval)
+    return SamplerConfig(config.interval, config.stack_source, every, target.may_pause)
 
 
 def _check_out_dir(out: Path) -> None:
@@ -130,7 +132,7 @@ def _loop(target, config, sampler, stream, stop, got) -> str:
             stream.write(record)
         if stop.is_set():
             return signal.Signals(got[0]).name
-        if target.poll() is not None:
+        if target.exited():
             return "target-exit"
         if target.finished():
             return "finished"
@@ -146,7 +148,7 @@ def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
     sampler = None
     stopped_by = "duration"
     try:
-        sampler = Sampler(pid, stream, agent_dir, _sampler_config(config))
+        sampler = Sampler(pid, stream, agent_dir, _sampler_config(config, target))
         stopped_by = _loop(target, config, sampler, stream, stop, got)
     except FtError:
         raise

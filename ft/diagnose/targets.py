@@ -1,6 +1,7 @@
 """What `ft diagnose` runs: a target starts processes, may feed records, and is stopped cleanly.
 
-CommandTarget (`--cmd`) here; ServerTarget (ft/diagnose/server_target.py, engine mode) starts
+CommandTarget (`--cmd`) here; PidTarget (ft/diagnose/attach.py, `--pid`) attaches to a running
+process instead of starting one; ServerTarget (ft/diagnose/server_target.py, engine mode) starts
 `ft serve`, waits for "ready to serve", runs the workload in a thread; tick() returns phase and
 throughput records, finished() ends the run with the workload, context() names the strategy.
 """
@@ -27,6 +28,7 @@ class ProcessTarget:
     """A process group started by ft; its output goes to a log file beside the report."""
 
     label = "process"
+    may_pause = True  # ft owns it: py-spy may pause it to unwind native frames
 
     def __init__(self, argv: list[str], log_path: Path):
         self.argv = argv
@@ -56,6 +58,10 @@ class ProcessTarget:
 
     def poll(self) -> int | None:
         return self.proc.poll() if self.proc is not None else None
+
+    def exited(self) -> bool:
+        """The target is gone (a process ft did not start has no exit status for ft to read)."""
+        return self.poll() is not None
 
     def tick(self) -> list[dict]:
         """Records the target adds to the stream each interval (throughput for the server)."""

@@ -24,9 +24,15 @@ def _try(fn, *args):
 
 
 class GpuProbe:
-    """Samples every NVIDIA GPU; where there is none, every record says unavailable and why."""
+    """Samples every NVIDIA GPU; where there is none, every record says unavailable and why.
 
-    def __init__(self):
+    Given a pid, only the GPUs that process (or a child) has a context on, where NVML names any:
+    on a shared box the other jobs' boards say nothing about the target. Until it has one (or
+    where NVML cannot see its processes, as from inside a container) every GPU is sampled.
+    """
+
+    def __init__(self, pid: int | None = None):
+        self.pid = pid
         self.reason: str | None = None
         self._nvml = None
         self._handles: list = []
@@ -50,10 +56,28 @@ class GpuProbe:
         record: dict = {"kind": "gpu", "t": time.time()}
         if not self.available:
             return record | {"available": False, "reason": self.reason, "devices": []}
+        used = self._used_by_target()
         return record | {
             "available": True,
-            "devices": [self._device(i, h) for i, h in enumerate(self._handles)],
+            "devices": [
+                self._device(i, h) for i, h in enumerate(self._handles) if used is None or i in used
+            ],
+            "target_devices": sorted(used) if used is not None else None,
         }
+
+    def _used_by_target(self) -> set[int] | None:
+        """Indices of the GPUs the target's process tree uses; None: unknown (sample them all)."""
+        if self.pid is None:
+            return None
+        from ft.probes.threads import process_tree
+
+        tree = set(process_tree(self.pid))
+        used = set()
+        for index, h in enumerate(self._handles):
+            procs = _try(self._nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+            if tree & {p.pid for p in procs}:
+                used.add(index)
+        return used or None
 
     def _device(self, index: int, h) -> dict:
         nv = self._nvml

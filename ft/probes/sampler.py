@@ -22,6 +22,7 @@ class SamplerConfig:
     interval: float = 0.5  # seconds between thread and GPU samples
     stack_source: str = "auto"  # auto: agent + py-spy where ptrace works; agent; py-spy
     pyspy_every: float = 2.0  # py-spy pauses the target for each dump, so it runs sparsely
+    pyspy_pause: bool = True  # False: --nonblocking, for a process ft attached to (a service)
 
 
 class Stream:
@@ -59,9 +60,10 @@ class Sampler:
         self.stream = stream
         self.config = config
         self.threads = ThreadProbe(pid)
-        self.gpu = GpuProbe()
+        self.gpu = GpuProbe(pid)
         self.agent = AgentReader(agent_dir) if agent_dir is not None else None
-        self.pyspy = PySpy() if config.stack_source in ("auto", "py-spy") else None
+        wants_pyspy = config.stack_source in ("auto", "py-spy")
+        self.pyspy = PySpy(pause=config.pyspy_pause) if wants_pyspy else None
         self._pyspy_next = time.monotonic() + min(1.0, config.pyspy_every)  # let the target start
         self._pyspy_skip: set[int] = set()  # processes py-spy cannot read (not Python)
 

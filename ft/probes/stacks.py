@@ -73,6 +73,21 @@ def expand_stacks(records: list[dict]) -> list[dict]:
     return records
 
 
+def start_attach_agent() -> None:
+    """Start the on-demand agent in this process when FT_AGENT_ATTACH is set (`ft serve` calls
+    this, so a service needs only that variable, not PYTHONPATH); never fails the caller."""
+    if not settings.agent_attach():
+        return
+    try:
+        from ft.probes.agent.sitecustomize import start
+
+        start()
+    except Exception as exc:
+        from ft.log import get_logger
+
+        get_logger("ft.probes").warning("stack agent not started: %s", exc)
+
+
 def ptrace_scope() -> int | None:
     """Yama's ptrace_scope (0 classic, 1 children only, 2 admin only, 3 none); None without Yama."""
     try:
@@ -86,19 +101,24 @@ class PtraceDenied(Exception):
 
 
 class PySpy:
-    """`py-spy dump --native --json` of one process; it pauses the target, so it runs sparsely."""
+    """`py-spy dump --native --json` of one process; it pauses the target, so it runs sparsely.
 
-    def __init__(self, native: bool = True, timeout: float = 10.0):
+    pause=False (a process ft attached to, a live service) reads it with --nonblocking instead:
+    the target never stops, at the price of native frames, which py-spy unwinds only paused.
+    """
+
+    def __init__(self, native: bool = True, timeout: float = 10.0, pause: bool = True):
         self.exe = shutil.which("py-spy")
-        self.native = native
+        self.native = native and pause
+        self.pause = pause
         self.timeout = timeout
 
     def dump(self, pid: int) -> dict:
         if self.exe is None:
             raise FileNotFoundError("py-spy is not installed")
-        cmd = [self.exe, "dump", "--json", "--pid", str(pid)] + (
-            ["--native"] if self.native else []
-        )
+        cmd = [self.exe, "dump", "--json", "--pid", str(pid)]
+        cmd += ["--native"] if self.native else []
+        cmd += [] if self.pause else ["--nonblocking"]
         proc = subprocess.run(  # own session: a Ctrl-C must not kill it mid-attach
             cmd, capture_output=True, text=True, timeout=self.timeout, start_new_session=True
         )

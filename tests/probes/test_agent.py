@@ -4,10 +4,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from ft.probes.stacks import AgentReader, agent_env, expand_stacks
+from ft.probes.agent_session import AgentSession
+from ft.probes.stacks import AGENT_DIR, AgentReader, agent_env, expand_stacks
+from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,3 +89,86 @@ os.waitpid(pid, 0)
         f for r in records if r["kind"] == "stacks" for t in r["threads"] for f in t["frames"]
     ]
     assert any(f.startswith("forked_child_work (") for f in frames)
+
+
+SERVICE = """
+import threading, time
+def sleeper_here():
+    time.sleep(60)
+threading.Thread(target=sleeper_here, name="named-sleeper", daemon=True).start()
+time.sleep(60)
+"""
+
+
+def start_service(folder, code: str = SERVICE) -> subprocess.Popen:
+    """A process started with the unit-file variable (and the agent on its PYTHONPATH)."""
+    env = dict(os.environ) | {"FT_AGENT_ATTACH": str(folder), "PYTHONPATH": str(AGENT_DIR)}
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+
+def until(condition, timeout: float = 20.0, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(every)
+    raise AssertionError("timed out")
+
+
+def test_on_demand_agent_writes_only_while_asked(tmp_path):
+    proc = start_service(tmp_path)
+    try:
+        time.sleep(2.5)  # two looks for a request at least
+        assert list(tmp_path.iterdir()) == []  # nobody asked: nothing written
+        session = AgentSession(tmp_path, interval=0.05, shared=False)
+        session.open()
+        records: list[dict] = []
+
+        def sampled():
+            session.ask([proc.pid])
+            records.extend(session.read())
+            return sum(r["kind"] == "stacks" for r in records) >= 3
+
+        until(sampled)
+        assert session.answered and session.state() == "answered"
+        stacks = expand_stacks(records)[-1]["threads"]
+        assert any(t["frames"][-1].startswith("sleeper_here (") for t in stacks)
+        session.close()
+        assert list(tmp_path.iterdir()) == []
+        time.sleep(2.5)
+        assert list(tmp_path.iterdir()) == []  # it stopped, and does not start again
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_request_nobody_refreshes_stops_the_agent(tmp_path):
+    """ft killed mid-run leaves its request behind: the agent stops once it is stale."""
+    proc = start_service(tmp_path)
+    try:
+        (tmp_path / "s1").mkdir()
+        request = {"session": "s1", "interval": 0.05, "timeout_s": 1.0}
+        (tmp_path / f"request-{proc.pid}.json").write_text(json.dumps(request))
+        out = tmp_path / "s1" / f"stacks-{proc.pid}.jsonl"
+        until(lambda: out.exists() and out.stat().st_size > 0)
+        time.sleep(1.5)
+        size = out.stat().st_size
+        time.sleep(2.5)
+        assert out.stat().st_size == size
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_ft_serve_and_sitecustomize_together_start_one_agent(tmp_path):
+    code = (
+        "import threading; from ft.probes.stacks import start_attach_agent; "
+        "start_attach_agent(); start_attach_agent(); "
+        "print(sum(t.name == 'ft-stack-agent' for t in threading.enumerate()))"
+    )
+    base = dict(os.environ) | {"PYTHONPATH": os.pathsep.join([str(AGENT_DIR), str(REPO_ROOT)])}
+    on = base | {"FT_AGENT_ATTACH": str(tmp_path)}
+    for env, agents in ((on, "1"), (base, "0")):
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.stdout.strip() == agents, run.stderr

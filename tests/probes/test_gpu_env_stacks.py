@@ -121,3 +121,19 @@ def test_light_collect_reads_torchs_version_without_importing_it():
     import torch
 
     assert env.collect(light=True)["torch"] == torch.__version__
+
+
+def test_gpu_probe_given_a_pid_samples_only_the_gpus_its_tree_uses(monkeypatch):
+    import os
+    from types import SimpleNamespace as NS
+
+    nv = fake_nvml()
+    nv.nvmlDeviceGetCount = lambda: 2
+    on = {"h0": [NS(pid=1)], "h1": [NS(pid=os.getpid())]}  # another job on 0, the target on 1
+    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: on[h]
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nv)
+    sample = gpu.GpuProbe(os.getpid()).sample()
+    assert [d["index"] for d in sample["devices"]] == [1] and sample["target_devices"] == [1]
+    on["h1"] = []  # no context yet (or pids NVML cannot see): every GPU, as without a pid
+    assert [d["index"] for d in gpu.GpuProbe(os.getpid()).sample()["devices"]] == [0, 1]
+    assert [d["index"] for d in gpu.GpuProbe().sample()["devices"]] == [0, 1]

@@ -1,16 +1,28 @@
 """ft's in-process stack agent: samples every Python thread's stack, no ptrace needed.
 
 `ft diagnose` puts this folder first on the target's PYTHONPATH and sets FT_AGENT_OUT; Python
-imports `sitecustomize` at startup, so the target's code is unchanged. Without FT_AGENT_OUT this
-does nothing. Standard library only: `ft` itself may not be importable in the target. Each sample
-is one JSON line, flushed at once, so a target killed mid-run still leaves every sample taken.
+imports `sitecustomize` at startup, so the target's code is unchanged. Without FT_AGENT_OUT or
+FT_AGENT_ATTACH this does nothing. Standard library only: `ft` itself may not be importable in
+the target. Each sample is one JSON line, flushed at once, so a target killed mid-run still
+leaves every sample taken.
+
+FT_AGENT_ATTACH=DIR (a service's unit file; `ft serve` starts the agent itself) samples on
+demand: a thread looks once a second for DIR/request-PID.json, which `ft diagnose --pid` writes
+and keeps touching; only while it stays fresh are stacks written, into DIR/SESSION/. Nobody
+asking costs one stat() a second and writes nothing.
 """
 
 import json  # imported here, not in the agent's thread: a fork mid-import would break the child
 import os
+import re
 import sys
 import threading
 import time
+
+THREAD_NAME = "ft-stack-agent"
+REQUEST = "request-{pid}.json"  # in the FT_AGENT_ATTACH folder
+LISTEN_EVERY = 1.0  # seconds between looks for a request
+SESSION = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a folder name, never a path
 
 
 def _chain_previous_sitecustomize() -> None:
@@ -68,22 +80,21 @@ def _sample(own_ident: int, stack_ids: dict, defs: list) -> list:
     return out
 
 
-def _run(path: str, interval: float) -> None:
+def _run(path: str, interval: float, keep_going=lambda: True) -> None:
     try:
-        _loop(path, interval)
+        _loop(path, interval, keep_going)
     except Exception as exc:  # disk full, folder removed: stop sampling, never hurt the target
         sys.stderr.write(f"ft stack agent stopped: {exc}\n")
 
 
-def _loop(path: str, interval: float) -> None:
-
+def _loop(path: str, interval: float, keep_going) -> None:
     own = threading.get_ident()
     pid = os.getpid()
     with open(path, "a", buffering=1) as out:
         hello = {"kind": "agent", "t": time.time(), "pid": pid, "tid": threading.get_native_id()}
         out.write(json.dumps(hello) + "\n")  # lets the probes tell the agent's thread apart
         stack_ids: dict = {}  # idle threads repeat one stack: each is written out once
-        while True:
+        while keep_going():
             record = {"kind": "stacks", "source": "agent", "t": time.time(), "pid": pid}
             if len(stack_ids) > 50_000:  # bound the agent's memory on very long runs
                 stack_ids.clear()
@@ -96,24 +107,81 @@ def _loop(path: str, interval: float) -> None:
             time.sleep(interval)
 
 
-def _start() -> None:
-    folder = os.environ.get("FT_AGENT_OUT")
-    if not folder:
-        return
-    if not getattr(_start, "registered", False):  # a forked child samples itself too
-        os.register_at_fork(after_in_child=_start)
-        _start.registered = True
-
-    interval = float(os.environ.get("FT_AGENT_INTERVAL") or 0.1)
-    path = os.path.join(folder, f"stacks-{os.getpid()}.jsonl")
-    thread = threading.Thread(
-        target=_run, args=(path, interval), name="ft-stack-agent", daemon=True
-    )
-    thread.start()
-
-
-for _step in (_chain_previous_sitecustomize, _start):
+def _read_request(path: str):
+    """The request `ft diagnose --pid` keeps fresh: (session, interval, timeout, inode), else
+    None (absent, half written, stale or malformed)."""
     try:
-        _step()
-    except Exception as _exc:  # the agent must never break the target
-        sys.stderr.write(f"ft stack agent: {_step.__name__}: {_exc}\n")
+        stat = os.stat(path)
+        with open(path) as f:
+            asked = json.load(f)
+        session = str(asked["session"])
+        interval = min(max(float(asked.get("interval", 0.1)), 0.01), 10.0)
+        timeout = float(asked.get("timeout_s", 30.0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not SESSION.fullmatch(session) or time.time() - stat.st_mtime > timeout:
+        return None
+    return session, interval, timeout, stat.st_ino
+
+
+def _still_asked(path: str, inode: int, timeout: float) -> bool:
+    """The same request, touched within its timeout: ft may have died without removing it."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return False
+    return stat.st_ino == inode and time.time() - stat.st_mtime <= timeout
+
+
+def _listen(folder: str) -> None:
+    try:
+        _serve_requests(folder)
+    except Exception as exc:  # a bug here must not spam the service's log: say it once, stop
+        sys.stderr.write(f"ft stack agent stopped listening: {exc}\n")
+
+
+def _serve_requests(folder: str) -> None:
+    """Sample only while `ft diagnose --pid` asks; between requests, one stat() a second."""
+    request = os.path.join(folder, REQUEST.format(pid=os.getpid()))
+    while True:
+        asked = _read_request(request)
+        if asked is not None:
+            session, interval, timeout, inode = asked
+            out = os.path.join(folder, session, f"stacks-{os.getpid()}.jsonl")
+            if os.path.isdir(os.path.dirname(out)):  # ft made it; never create folders here
+                _run(out, interval, lambda i=inode, t=timeout: _still_asked(request, i, t))
+            while _still_asked(request, inode, timeout):  # one session per request
+                time.sleep(LISTEN_EVERY)
+        time.sleep(LISTEN_EVERY)
+
+
+def _running() -> bool:
+    """Whether this process already has an agent (sitecustomize and `ft serve` may both start
+    one); after a fork only the forking thread survives, so a child starts its own."""
+    return any(t.name == THREAD_NAME for t in threading.enumerate())
+
+
+def start() -> None:
+    """Start the agent thread if FT_AGENT_OUT (sample now) or FT_AGENT_ATTACH (on demand) is set."""
+    folder = os.environ.get("FT_AGENT_OUT")
+    attach = os.environ.get("FT_AGENT_ATTACH")
+    if not (folder or attach) or _running():
+        return
+    if not getattr(start, "registered", False):  # a forked child samples itself too
+        os.register_at_fork(after_in_child=start)
+        start.registered = True
+    if folder:
+        interval = float(os.environ.get("FT_AGENT_INTERVAL") or 0.1)
+        path = os.path.join(folder, f"stacks-{os.getpid()}.jsonl")
+        target, args = _run, (path, interval)
+    else:
+        target, args = _listen, (attach,)
+    threading.Thread(target=target, args=args, name=THREAD_NAME, daemon=True).start()
+
+
+if __name__ == "sitecustomize":  # Python's startup hook; `ft serve` imports this to call start()
+    for _step in (_chain_previous_sitecustomize, start):
+        try:
+            _step()
+        except Exception as _exc:  # the agent must never break the target
+            sys.stderr.write(f"ft stack agent: {_step.__name__}: {_exc}\n")
