@@ -12,6 +12,7 @@ from ft.probes import threads as roles
 SEVERITIES = ("critical", "warning", "info")
 HOT_CPU_PCT = 70.0  # % of one core: "pinned" with slack for a busy 2-core box
 HOT_R_FRAC = 0.5  # fraction of samples in state R
+WORK_SHARE = 0.5  # of a hot thread's stack samples outside waits: more work than polling
 GPU_IDLE_PCT = 5.0
 GPU_LOW_PCT = 30.0
 POOL_IDLE_PCT = 5.0  # per pool thread
@@ -57,22 +58,54 @@ def _pool_text(s: Summary) -> str:
     pool = s.by_role(roles.POOL)
     if not pool:
         return "there is no CPU MoE pool"
-    return f"the CPU MoE pool ({len(pool)} threads) is idle"
+    handed = experts_to_cpu(s)
+    but = f" though {handed:.0f} experts were handed to the CPU" if handed else ""
+    return f"the CPU MoE pool ({len(pool)} threads) is idle{but}"
 
 
 def _waiting_text(t: ThreadSummary) -> str:
     return f" (+{t.delay_pct:.0f}% runnable, waiting for a core)" if t.delay_pct >= 10 else ""
 
 
+def _work_text(t: ThreadSummary) -> str:
+    return f", {t.work_share:.0%} of its samples in its own work" if t.work_share else ""
+
+
 def _frames_text(t: ThreadSummary) -> str:
-    if t.hottest_frames:
-        return " <- ".join(t.hottest_frames)
+    if t.hottest_work_frames:
+        return " <- ".join(t.hottest_work_frames)
     return "unknown (no Python stack: a native thread, or no stack source)"
 
 
-def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
-    """The seed's: a thread burning a core while neither the GPU nor the CPU expert pool works."""
-    if not (gpu_idle(s) and pool_idle(s)):
+def experts_to_cpu(s: Summary) -> float | None:
+    """Misses the engine handed to the CPU over the workload (its counters), None if unknown."""
+    return s.counters.get("experts_to_cpu")
+
+
+def pool_starved(s: Summary) -> bool:
+    """CPU expert work is expected and was handed out, yet the pool does none of it: the work
+    went elsewhere. Without the engine's counters (a plain program) an idle expected pool is
+    taken as starved."""
+    pool = s.by_role(roles.POOL)
+    expected = s.context.get("expects_cpu_pool", bool(pool))
+    handed = experts_to_cpu(s)
+    return expected and pool_idle(s) and (handed is None or handed > 0)
+
+
+def hot_thread(s: Summary) -> list[Finding]:
+    """The seed's: a thread burning a core on its own work while the step waits on it.
+
+    It fires for a thread (not a pool, torch or agent thread) that wants a core
+    (CPU % + run delay >= HOT_CPU_PCT: a spinning thread on a busy box waits for its core), is
+    in state R in at least HOT_R_FRAC of the samples, and spends at least WORK_SHARE of its
+    stack samples outside waits (a thread that polls a device gate or syncs is at 100% CPU
+    too, but waiting: told apart by its frames, not its CPU %), when either
+    - the GPU (<= GPU_IDLE_PCT) and the CPU MoE pool are both idle: nothing else holds the
+      step, or
+    - the CPU MoE pool is starved (see pool_starved): work meant for the pool runs elsewhere.
+    The GPU's utilisation alone does not clear a thread: under device gates the GPU spins on
+    the gate while the host is late, so a partly busy GPU can be waiting on the very thread."""
+    if not ((gpu_idle(s) and pool_idle(s)) or pool_starved(s)):
         return []
     if s.context.get("device") == "cpu" and not s.context.get("expects_cpu_pool"):
         return []  # an engine on the CPU device does its "accelerator" work on its own thread
@@ -82,15 +115,16 @@ def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
         if t.role not in (roles.POOL, roles.TORCH, AGENT)  # torch workers serve the caller
         and wants_a_core(t)
         and t.r_frac >= HOT_R_FRAC
+        and (t.work_share is None or t.work_share >= WORK_SHARE)
     ]
     pool = s.by_role(roles.POOL)
     return [
         Finding(
-            id="hot-thread-gpu-idle",
+            id="hot-thread",
             severity="critical" if pool else "warning",
             title=(
                 f"thread {t.name} (tid {t.tid}, {t.role}) is in state R at ~{t.cpu_pct:.0f}% CPU"
-                f"{_waiting_text(t)} "
+                f"{_waiting_text(t)}{_work_text(t)} "
                 f"while {_gpu_text(s)} and {_pool_text(s)}; "
                 f"its hottest frames are {_frames_text(t)}"
             ),
@@ -99,17 +133,17 @@ def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
                 "cpu_pct": t.cpu_pct,
                 "run_delay_pct": t.delay_pct,
                 "state_r_fraction": t.r_frac,
+                "work_share": t.work_share,
                 "cpu_s_accumulated": t.cpu_s,
                 "wchan": t.wchan,
                 "gpu_util_pct": s.gpu.util_pct if s.gpu.available else None,
                 "gpu": "available" if s.gpu.available else f"unavailable: {s.gpu.reason}",
                 "pool_threads": len(pool),
                 "pool_cpu_pct_total": round(sum(p.cpu_pct for p in pool), 1),
+                "experts_to_cpu": experts_to_cpu(s),
                 "stack_samples": t.stack_samples,
-                "top_stack_share": round(t.top_stack_count / t.stack_samples, 2)
-                if t.stack_samples
-                else None,
-                "hottest_frames": t.hottest_frames,
+                "hottest_frames": t.hottest_work_frames,
+                "work_stack": t.work_stack[::-1][:16],  # innermost first
                 "native_leaf_frames": t.native_stack[::-1][:3] or None,  # py-spy --native
             },
             next_step=(
@@ -124,31 +158,43 @@ def hot_thread_gpu_idle(s: Summary) -> list[Finding]:
 
 
 def cpu_pool_idle(s: Summary) -> list[Finding]:
-    """CPU expert work is expected (hybrid, or a pool exists), others work, the pool does not."""
+    """CPU expert work is expected (hybrid, or a pool exists), others work, the pool does not;
+    with the engine's counters, only if experts were handed to the CPU at all (a hybrid that
+    fetched every miss leaves its pool idle by design)."""
     pool = s.by_role(roles.POOL)
-    expected = s.context.get("expects_cpu_pool", bool(pool))  # the strategy, where known
     busy = [
         t
         for t in s.threads
         if t.role not in (roles.POOL, AGENT) and t.cpu_pct + t.delay_pct >= BUSY_PCT
     ]
     gpu_busy = s.gpu.available and (s.gpu.util_pct or 0.0) >= 20
-    if not expected or not pool_idle(s) or not (busy or gpu_busy or s.context.get("workload")):
+    if not pool_starved(s) or not (busy or gpu_busy or s.context.get("workload")):
         return []
     where = f"{len(pool)} ft-cpu-moe threads averaged " + (
         f"{max(p.cpu_pct for p in pool):.1f}% CPU at most" if pool else "- none were found"
+    )
+    counts = s.counters
+    handed = (
+        f"; {counts['experts_to_cpu']:.0f} experts were handed to the CPU, the pool computed "
+        f"{counts.get('experts_cpu', 0):.0f}, {counts.get('experts_cpu_inline', 0):.0f} ran "
+        "inline"
+        if "experts_to_cpu" in counts
+        else ""
     )
     return [
         Finding(
             id="cpu-pool-idle",
             severity="warning",
-            title=f"CPU expert work is expected but the CPU MoE pool is idle ({where})",
+            title=f"CPU expert work is expected but the CPU MoE pool is idle ({where}){handed}",
             evidence={
                 "strategy": s.context.get("strategy"),
                 "pool_threads": len(pool),
                 "pool_cpu_pct": [p.cpu_pct for p in pool],
                 "busy_threads": {t.name: t.cpu_pct for t in busy},
                 "gpu_util_pct": s.gpu.util_pct,
+                "experts_to_cpu": counts.get("experts_to_cpu"),
+                "experts_cpu": counts.get("experts_cpu"),
+                "experts_cpu_inline": counts.get("experts_cpu_inline"),
             },
             next_step=(
                 "Check that CPU expert jobs reach the pool (executor stats experts_cpu vs "
@@ -156,6 +202,39 @@ def cpu_pool_idle(s: Summary) -> list[Finding]:
                 "went."
             ),
             threads=[p.tid for p in pool],
+        )
+    ]
+
+
+def warm_up(s: Summary) -> list[Finding]:
+    """Kernel compilation or graph capture inside the sampled window: left out of the other
+    findings, and said, so a reader knows what the figures cover."""
+    w = s.warmup
+    if not w:
+        return []
+    frames = ", ".join(w["frames"]) or "compile or capture frames"
+    if w["excluded"]:
+        title = (
+            f"{w['seconds']:.1f} s of the window was warm-up ({frames}); those samples are left "
+            "out of the other findings"
+        )
+    else:
+        title = (
+            f"the window was mostly warm-up ({w['seconds']:.1f} s in {frames}); the findings "
+            "use it anyway and may read compilation as work"
+        )
+    return [
+        Finding(
+            id="warm-up",
+            severity="info" if w["excluded"] else "warning",
+            title=title,
+            evidence=dict(w),
+            next_step=(
+                "Nothing, if the steady state is what you want diagnosed."
+                if w["excluded"]
+                else "Sample longer (more --prompts or --max-tokens, or a longer --duration) so "
+                "the steady state outweighs the warm-up."
+            ),
         )
     ]
 
@@ -309,13 +388,14 @@ def stacks_unavailable(s: Summary) -> list[Finding]:
 
 
 RULES = (
-    hot_thread_gpu_idle,
+    hot_thread,
     cpu_pool_idle,
     fetch_bound,
     run_queue_delay,
     core_overlap,
     ptrace_denied,
     stacks_unavailable,
+    warm_up,
 )
 
 

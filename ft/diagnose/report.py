@@ -100,7 +100,7 @@ def _failure(outcome) -> str | None:
 # Next steps for a program that is not the engine (`--cmd` of anything but `ft serve`), where
 # the rules' own advice names engine flags and commands that program does not have.
 PLAIN_NEXT_STEPS = {
-    "hot-thread-gpu-idle": (
+    "hot-thread": (
         "Read the hottest frames: they are what this thread spends its core on while the GPU "
         "and the other threads wait."
     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 from statistics import fmean
 
 from ft.probes import threads as roles
@@ -13,6 +14,35 @@ from ft.probes.stacks import expand_stacks
 
 AGENT = "ft agent"  # the stack agent's own thread: never a finding
 _LINE = re.compile(r":\d+\)$")
+
+# Frames that mean the target is warming up, not decoding: a kernel compiling or a CUDA graph
+# being captured. On CUDA an engine's first requests do this for seconds (Triton compiles each
+# kernel for each shape), and sampled it reads as the engine thread burning its own work.
+WARMUP_FUNCTIONS = frozenset({
+    "JITFunction._do_compile",  # Triton
+    "Autotuner._bench",  # Triton autotuning runs candidate kernels
+    "DecodeGraphs._capture",  # ft: CUDA graph capture of a decode step
+    "CUDAGraph.capture_begin",
+    "CUDAGraph.capture_end",
+    "Dispatcher._compile_for_args",  # numba
+})  # fmt: skip
+WARMUP_FILES = ("convert_frame.py",)  # torch.compile (dynamo) compiling a frame
+_WARMUP_BARE = {"_do_compile", "_compile_for_args", "capture_begin", "capture_end"}  # py-spy
+
+# Leaf frames where a thread waits rather than works: for the GPU (a sync, a copy that waits
+# for the stream, the host polling a gate), for the CPU MoE pool, or for requests. A thread at
+# 100% CPU in these is polling, and holds nothing back by its own work.
+WAIT_FUNCTIONS = frozenset({
+    "synchronize", "Event.synchronize", "Stream.synchronize",  # torch.cuda
+    "StopRows.wait",  # ft: the host polls the rows a device gate writes
+    "DecodeGraphs.logits",  # ft: its input copies wait for the previous step on the stream
+    "CpuMoeHandle.wait",  # ft: the engine waits for the CPU MoE pool
+    "EngineWorker._drain_inbox",  # ft serve: the engine waits for requests
+    "Condition.wait", "Event.wait", "Thread.join", "Queue.get", "SimpleQueue.get",
+    "Popen.wait", "Popen._try_wait", "Popen.communicate",
+    "BaseSelector.select", "EpollSelector.select", "SelectSelector.select", "select",
+    "Runner.run", "BaseEventLoop._run_once", "sleep",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,11 +68,18 @@ class ThreadSummary:
     top_stack_count: int = 0
     top_functions: list[tuple[str, int]] = field(default_factory=list)  # leaf functions, by samples
     native_stack: list[str] = field(default_factory=list)  # py-spy --native, last dump
+    work_share: float | None = None  # of its stack samples, those neither waiting nor warming up
+    work_stack: list[str] = field(default_factory=list)  # the most common stack while working
 
     @property
     def hottest_frames(self) -> list[str]:
         """The leaf-most frames of the most common stack, innermost first."""
         return self.top_stack[::-1][:4]
+
+    @property
+    def hottest_work_frames(self) -> list[str]:
+        """The leaf-most frames of the most common stack outside waits, innermost first."""
+        return self.work_stack[::-1][:4] or self.hottest_frames
 
 
 @dataclass(frozen=True)
@@ -77,6 +114,8 @@ class Summary:
     events: list[dict]
     context: dict  # from the target: strategy, whether CPU expert work is expected, ...
     window: str = "whole run"  # or "workload": only samples taken while the workload ran
+    warmup: dict | None = None  # seconds of warm-up left out, its frames, whether any remained
+    counters: dict[str, float] = field(default_factory=dict)  # the engine's, over the workload
 
     def by_role(self, role: str) -> list[ThreadSummary]:
         return [t for t in self.threads if t.role == role]
@@ -99,8 +138,69 @@ def workload_window(records: list[dict]) -> tuple[list[dict], bool]:
     return [r for r in records if r.get("kind") not in timed or lo <= r["t"] <= hi], True
 
 
+def is_warmup(frames: list[str]) -> bool:
+    return any(
+        _name(f) in WARMUP_FUNCTIONS
+        or _name(f).rsplit(".", 1)[-1] in _WARMUP_BARE
+        or any(f"({file}:" in f or f"/{file}:" in f for file in WARMUP_FILES)
+        for f in frames
+    )
+
+
+def is_wait(frames: list[str]) -> bool:
+    return bool(frames) and _name(frames[-1]) in WAIT_FUNCTIONS
+
+
+def _name(frame: str) -> str:
+    """'StopRows.wait (graphs.py:110)' -> 'StopRows.wait'."""
+    return frame.split(" (", 1)[0]
+
+
+def steady_state(records: list[dict]) -> tuple[list[dict], dict | None]:
+    """The records outside warm-up: every stack sample that compiles or captures marks a span
+    (padded by the sampling intervals, since a thread sample covers the interval before it);
+    thread, GPU and stack samples inside a span are left out. If fewer than 3 thread samples
+    would remain, nothing is left out and the summary says the window was mostly warm-up."""
+    stacks = [r for r in records if r.get("kind") == "stacks"]
+    hits = sorted(r["t"] for r in stacks if any(is_warmup(th["frames"]) for th in r["threads"]))
+    if not hits:
+        return records, None
+    ticks = [r["t"] for r in records if r.get("kind") == "threads"]
+    pad = max(_median_gap(ticks), _median_gap([r["t"] for r in stacks]), 0.1)
+    spans: list[list[float]] = []
+    for t in hits:
+        if spans and t - pad <= spans[-1][1]:
+            spans[-1][1] = t + pad
+        else:
+            spans.append([t - pad, t + pad])
+    inside = lambda t: any(lo <= t <= hi + pad for lo, hi in spans)  # noqa: E731
+    timed = ("threads", "gpu", "stacks")
+    kept = [r for r in records if r.get("kind") not in timed or not inside(r["t"])]
+    frames = Counter(
+        _name(f)
+        for r in stacks
+        for th in r["threads"]
+        for f in th["frames"]
+        if _name(f) in WARMUP_FUNCTIONS
+    )
+    steady = sum(1 for r in kept if r.get("kind") == "threads") >= 3
+    info = {
+        "seconds": round(sum(hi - lo for lo, hi in spans), 1),
+        "spans": len(spans),
+        "frames": [name for name, _ in frames.most_common(3)],
+        "excluded": steady,
+    }
+    return (kept if steady else records), info
+
+
+def _median_gap(times: list[float]) -> float:
+    gaps = sorted(b - a for a, b in pairwise(times) if b > a)
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
 def summarize(records: list[dict], context: dict | None = None) -> Summary:
     records, windowed = workload_window(expand_stacks(records))
+    records, warmup = steady_state(records)
     kinds = by_kind(records)
     stacks, source = _primary_stacks(kinds["stacks"])
     thread_recs = kinds["threads"]
@@ -117,6 +217,8 @@ def summarize(records: list[dict], context: dict | None = None) -> Summary:
         events=kinds["event"],
         context=context or next((r.get("context", {}) for r in kinds["start"]), {}),
         window="workload" if windowed else "whole run",
+        warmup=warmup,
+        counters=next((r.get("counters") or {} for r in kinds["throughput"] if r.get("final")), {}),
     )
 
 
@@ -168,6 +270,7 @@ def _thread(series, py_name, role, stacks, native) -> ThreadSummary:
     delay = [s["delay_pct"] for s in series if "delay_pct" in s]
     states = Counter(s["state"] for s in series)
     top_stack, top_count = _top_stack(stacks)
+    working = [st for st in stacks if not (is_wait(st) or is_warmup(st))]  # compiling: neither
     return ThreadSummary(
         pid=last["pid"],
         tid=last["tid"],
@@ -190,6 +293,8 @@ def _thread(series, py_name, role, stacks, native) -> ThreadSummary:
         top_stack_count=top_count,
         top_functions=Counter(_function(s[-1]) for s in stacks if s).most_common(8),
         native_stack=native,
+        work_share=round(len(working) / len(stacks), 2) if stacks else None,
+        work_stack=_top_stack(working)[0],
     )
 
 

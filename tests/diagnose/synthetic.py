@@ -18,22 +18,30 @@ class T:
     cpus: str = "0-15"
     frames: list[str] = field(default_factory=list)
     pid: int = 100
+    stacks: list[list[str]] | None = None  # one stack per tick, in turn (else `frames` each tick)
+
+    def stack(self, i: int) -> list[str]:
+        return self.stacks[i % len(self.stacks)] if self.stacks else self.frames
 
 
-def stream(threads: list[T], ticks: int = 10, gpu: dict | None = None, **start) -> list[dict]:
-    """Records as `samples.jsonl` holds them; gpu=None means no NVIDIA GPU."""
+def stream(threads: list[T], ticks: int = 10, gpu: dict | None = None,
+           counters: dict | None = None, **start) -> list[dict]:  # fmt: skip
+    """Records as `samples.jsonl` holds them; gpu=None means no NVIDIA GPU; `counters`: the
+    engine's counters over the workload, as engine mode's last throughput record holds them."""
     recs: list[dict] = [{"kind": "start", "schema": 1, "t": 0.0, "cores": 16} | start]
     for i in range(ticks):
         t = float(i)
         recs.append({"kind": "threads", "t": t, "threads": [_thread(th, i) for th in threads]})
         recs.append(_gpu(t, gpu))
         stacks = [
-            {"tid": th.tid, "name": th.name, "frames": th.frames} for th in threads if th.name
+            {"tid": th.tid, "name": th.name, "frames": th.stack(i)} for th in threads if th.name
         ]
         if stacks:
             recs.append(
                 {"kind": "stacks", "source": "agent", "t": t, "pid": 100, "threads": stacks}
             )
+    if counters is not None:
+        recs.append({"kind": "throughput", "t": float(ticks), "final": True, "counters": counters})
     return recs
 
 

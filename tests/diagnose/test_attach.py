@@ -83,7 +83,7 @@ def test_attach_names_the_hot_thread_and_its_function(tmp_path):
             pytest.skip("ptrace is not permitted here")
         assert_runs_on_unchanged(proc, beat, before)
     hot = report["findings"][0]
-    assert hot["id"] == "hot-thread-gpu-idle" and hot["severity"] == "critical"
+    assert hot["id"] == "hot-thread" and hot["severity"] == "critical"
     assert "thread ft-engine" in hot["title"] and "spin_inline_experts" in hot["title"]
     assert report["run"]["stack_source"] == "py-spy"
     assert report["target"]["kind"] == "attached" and report["target"]["pid"] == proc.pid
@@ -105,7 +105,7 @@ def test_attach_without_stacks_says_why_and_how(tmp_path, path, why, how):
     with service(tmp_path) as (proc, _):
         report = attach(proc.pid, tmp_path / "report", env=ft_env(PATH=path))
     hot = report["findings"][0]
-    assert hot["id"] == "hot-thread-gpu-idle" and "thread ft-engine" in hot["title"]
+    assert hot["id"] == "hot-thread" and "thread ft-engine" in hot["title"]
     assert hot["threads"] == [next(t["tid"] for t in report["threads"] if t["name"] == "ft-engine")]
     ids = [f["id"] for f in report["findings"]]
     assert ids.count("stacks-unavailable") == 1 and "ptrace-denied" not in ids  # one finding

@@ -45,7 +45,7 @@ def assert_complete(out: Path) -> None:
 
 def test_hot_main_thread_beside_idle_pool(tmp_path):
     report = diagnose(tmp_path, "busy_main.py", "--stack-source", "agent")
-    assert finding_ids(report)[0] == "hot-thread-gpu-idle"
+    assert finding_ids(report)[0] == "hot-thread"
     assert "cpu-pool-idle" in finding_ids(report)
     hot = report["findings"][0]
     main = thread(report, "MainThread")
@@ -57,7 +57,7 @@ def test_hot_main_thread_beside_idle_pool(tmp_path):
     assert "spin_inline_experts" in (tmp_path / "report" / "stacks.collapsed").read_text()
     assert_complete(tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
-    assert md.index("hot-thread-gpu-idle") < md.index("## Threads")
+    assert md.index("hot-thread") < md.index("## Threads")
 
 
 def test_everything_idle_has_no_findings(tmp_path):
@@ -69,7 +69,7 @@ def test_everything_idle_has_no_findings(tmp_path):
 
 def test_lock_waiter_is_blocked_not_hot(tmp_path):
     report = diagnose(tmp_path, "lock_wait.py", "--stack-source", "agent")
-    assert "hot-thread-gpu-idle" not in finding_ids(report)
+    assert "hot-thread" not in finding_ids(report)
     waiter = thread(report, "lock-waiter")
     assert waiter["r_frac"] < 0.5 and waiter["cpu_pct"] < 20
     assert "wait_for_the_lock" in waiter["top_stack"][-1]
@@ -92,7 +92,7 @@ def test_ptrace_denied_falls_back_to_the_agent(tmp_path):
     denied = next(f for f in report["findings"] if f["id"] == "ptrace-denied")
     assert "in-process stack agent" in denied["title"]
     assert "Permission Denied" in denied["evidence"]["py_spy_error"]
-    assert finding_ids(report)[0] == "hot-thread-gpu-idle"
+    assert finding_ids(report)[0] == "hot-thread"
 
 
 def test_py_spy_alone_where_ptrace_is_permitted(tmp_path):
@@ -104,7 +104,7 @@ def test_py_spy_alone_where_ptrace_is_permitted(tmp_path):
     main = thread(report, "MainThread")
     assert "spin_inline_experts" in main["top_stack"][-1]  # never a libc or vdso leaf
     assert any("spin_inline_experts" in frame for frame in main["native_stack"])
-    assert finding_ids(report)[0] == "hot-thread-gpu-idle"
+    assert finding_ids(report)[0] == "hot-thread"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])

@@ -9,9 +9,9 @@ def ids(records, **context) -> list[str]:
     return [f.id for f in rules.findings(summarize(records, context))]
 
 
-def test_hot_thread_gpu_idle_names_thread_state_and_frames():
+def test_hot_thread_names_thread_state_and_frames():
     s = summarize(stream([engine_main(), *pool(15)], gpu={"util_pct": 0}))
-    (f,) = rules.hot_thread_gpu_idle(s)
+    (f,) = rules.hot_thread(s)
     assert f.severity == "critical" and f.threads == [100]
     assert "state R" in f.title and "~99% CPU" in f.title and "GPU utilisation is ~0%" in f.title
     assert "CPU MoE pool (15 threads) is idle" in f.title
@@ -22,24 +22,74 @@ def test_hot_thread_gpu_idle_names_thread_state_and_frames():
 
 
 def test_hot_thread_quiet_when_gpu_busy_or_pool_works_or_thread_sleeps():
-    assert not rules.hot_thread_gpu_idle(
-        summarize(stream([engine_main(), *pool(4)], gpu={"util_pct": 80}))
-    )
-    assert not rules.hot_thread_gpu_idle(summarize(stream([engine_main(), *pool(4, cpu=90)])))
-    assert not rules.hot_thread_gpu_idle(
-        summarize(stream([engine_main(cpu=3, state="S"), *pool(4)]))
-    )
+    busy = {"util_pct": 80}
+    offload = summarize(stream([engine_main(), *pool(4)], gpu=busy), {"expects_cpu_pool": False})
+    assert not rules.hot_thread(offload)  # nothing meant for the pool: the GPU is the work
+    unused = stream([engine_main(), *pool(4)], gpu=busy, counters={"experts_to_cpu": 0})
+    assert not rules.hot_thread(summarize(unused))  # a hybrid that fetched every miss
+    assert not rules.hot_thread(summarize(stream([engine_main(), *pool(4, cpu=90)])))
+    assert not rules.hot_thread(summarize(stream([engine_main(cpu=3, state="S"), *pool(4)])))
+
+
+def test_hot_thread_names_the_inline_work_while_the_gpu_is_partly_busy():
+    """The seed's drill on CUDA: the GPU at 43%, the pool idle though experts were handed to
+    the CPU, the engine thread computing them inline between polls of the device gates."""
+    inline = ["<module> (serve.py:1)", "step (runner.py:9)", "_cpu_experts (hybrid.py:140)",
+              "FloatFormat.dequantize (floating.py:29)"]  # fmt: skip
+    polling = ["<module> (serve.py:1)", "step (runner.py:9)", "StopRows.wait (graphs.py:110)"]
+    engine = T(100, name="ft-engine", cpu=95, state="R", stacks=[inline, inline, polling])
+    counts = {"experts_to_cpu": 4000, "experts_cpu": 0, "experts_cpu_inline": 0}
+    s = summarize(stream([engine, *pool(15)], gpu={"util_pct": 43}, counters=counts))
+    (f,) = rules.hot_thread(s)
+    assert f.evidence["work_share"] == 0.7 and f.evidence["experts_to_cpu"] == 4000
+    assert f.evidence["hottest_frames"][0] == "FloatFormat.dequantize (floating.py:29)"
+    assert "GPU utilisation is ~43%" in f.title and "4000 experts were handed to the CPU" in f.title
+    (idle,) = rules.cpu_pool_idle(s)
+    assert "4000 experts were handed to the CPU, the pool computed 0, 0 ran inline" in idle.title
+
+
+def test_a_thread_polling_the_gpu_is_waiting_not_working():
+    """Under device gates the engine thread spins at 100% CPU on the gate's rows: waiting."""
+    gate = ["<module> (serve.py:1)", "step (runner.py:9)", "StopRows.wait (graphs.py:110)"]
+    sync = ["<module> (serve.py:1)", "step (runner.py:9)", "synchronize (__init__.py:1083)"]
+    engine = T(100, name="ft-engine", cpu=99, state="R", stacks=[gate, gate, sync, gate])
+    s = summarize(stream([engine, *pool(15)], gpu={"util_pct": 40}))
+    assert s.threads[0].work_share == 0.0
+    assert not rules.hot_thread(s)
+    assert not rules.hot_thread(summarize(stream([engine, *pool(15)], gpu={"util_pct": 0})))
+
+
+def test_warm_up_samples_are_left_out_and_reported():
+    """Triton compiling in the window read as the engine thread burning (offload on CUDA)."""
+    compile_ = ["<module> (serve.py:1)", "step (runner.py:9)",
+                "JITFunction._do_compile (jit.py:700)", "make_llir (compiler.py:300)"]  # fmt: skip
+    decode = ["<module> (serve.py:1)", "step (runner.py:9)", "synchronize (__init__.py:1083)"]
+    warm = stream([T(100, name="ft-engine", cpu=99, state="R", frames=compile_)], ticks=4)
+    steady = stream([T(100, name="ft-engine", cpu=30, state="S", frames=decode)], ticks=12)
+    for rec in steady:
+        rec["t"] = rec.get("t", 0.0) + 4
+    s = summarize(warm + steady[1:], {"expects_cpu_pool": False})
+    assert s.warmup["excluded"] and s.warmup["frames"] == ["JITFunction._do_compile"]
+    assert s.threads[0].cpu_pct == 30.0  # only the steady state's samples
+    assert not rules.hot_thread(s)
+    (f,) = rules.warm_up(s)
+    assert f.severity == "info" and "left out" in f.title
+    only_warm = summarize(stream([T(100, name="ft-engine", cpu=99, state="R", frames=compile_)]))
+    (g,) = rules.warm_up(only_warm)
+    assert g.severity == "warning" and not only_warm.warmup["excluded"]
+    assert only_warm.threads[0].cpu_pct == 99.0  # kept: nothing else to diagnose
+    assert only_warm.threads[0].work_share == 0.0 and not rules.hot_thread(only_warm)
 
 
 def test_hot_pool_thread_is_not_the_seed_pattern():
     s = summarize(
         stream([engine_main(cpu=2, state="S"), T(300, name="ft-cpu-moe-0", cpu=99, state="R")])
     )
-    assert not rules.hot_thread_gpu_idle(s)
+    assert not rules.hot_thread(s)
 
 
 def test_first_finding_is_the_seeds():
-    assert ids(stream([engine_main(), *pool(15)], gpu={"util_pct": 0}))[0] == "hot-thread-gpu-idle"
+    assert ids(stream([engine_main(), *pool(15)], gpu={"util_pct": 0}))[0] == "hot-thread"
 
 
 def test_cpu_pool_idle_when_expected_and_others_work():
@@ -106,10 +156,10 @@ def test_everything_idle_has_no_findings():
 
 def test_a_starved_spinning_thread_is_still_hot():
     starved = T(100, name="MainThread", cpu=40, delay=58, state="R", frames=["spin (x.py:1)"])
-    (f,) = rules.hot_thread_gpu_idle(summarize(stream([starved, *pool(2)])))
+    (f,) = rules.hot_thread(summarize(stream([starved, *pool(2)])))
     assert "+58% runnable, waiting for a core" in f.title
     sleepy = T(100, name="MainThread", cpu=40, delay=0, state="R")
-    assert not rules.hot_thread_gpu_idle(summarize(stream([sleepy, *pool(2)])))
+    assert not rules.hot_thread(summarize(stream([sleepy, *pool(2)])))
 
 
 def test_only_the_workload_window_counts():
@@ -119,7 +169,7 @@ def test_only_the_workload_window_counts():
         rec["t"] = rec.get("t", 0.0) + 100
     marks = [{"kind": "phase", "t": 100.0, "phase": "workload"}]
     s = summarize(loading + marks + serving[1:])
-    assert s.window == "workload" and not rules.hot_thread_gpu_idle(s)
+    assert s.window == "workload" and not rules.hot_thread(s)
     assert s.threads[0].cpu_pct == 40 and s.by_role("main")[0].cpu_pct == 2
     whole = summarize(loading + serving[1:])  # unmarked: the load's samples count too
     assert whole.window == "whole run" and whole.by_role("main")[0].cpu_pct > 40
@@ -127,6 +177,6 @@ def test_only_the_workload_window_counts():
 
 def test_cpu_device_engine_thread_is_not_the_seed_pattern_unless_hybrid():
     recs = stream([engine_main()])
-    assert not rules.hot_thread_gpu_idle(summarize(recs, {"device": "cpu"}))
+    assert not rules.hot_thread(summarize(recs, {"device": "cpu"}))
     hybrid = {"device": "cpu", "expects_cpu_pool": True}
-    assert rules.hot_thread_gpu_idle(summarize(stream([engine_main(), *pool(2)]), hybrid))
+    assert rules.hot_thread(summarize(stream([engine_main(), *pool(2)]), hybrid))

@@ -31,13 +31,13 @@ def _diagnose(tmp_path, name: str, *extra: str) -> tuple[dict, str]:
 def test_inline_fault_names_the_engine_thread_its_frames_and_the_idle_pool(tmp_path):
     report, stacks = _diagnose(tmp_path, "fault", "--cpu-moe-inline")
     ids = [f["id"] for f in report["findings"]]
-    assert "hot-thread-gpu-idle" in ids and "cpu-pool-idle" in ids, ids
-    hot = report["findings"][ids.index("hot-thread-gpu-idle")]
+    assert "hot-thread" in ids and "cpu-pool-idle" in ids, ids
+    hot = report["findings"][ids.index("hot-thread")]
     assert "ft-engine" in hot["title"]
     engine_stacks = [line for line in stacks.splitlines() if "ft-engine" in line]
     assert any("_run_inline" in line for line in engine_stacks), engine_stacks[:5]
 
     report, stacks = _diagnose(tmp_path, "clean")
     ids = [f["id"] for f in report["findings"]]
-    assert "hot-thread-gpu-idle" not in ids and "cpu-pool-idle" not in ids, ids
+    assert "hot-thread" not in ids and "cpu-pool-idle" not in ids, ids
     assert "_run_inline" not in stacks

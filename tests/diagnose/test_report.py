@@ -28,12 +28,10 @@ def test_report_of_a_huge_target_fits_one_github_comment(tmp_path):
     report = write(tmp_path, stream(threads, ticks=3))
     md = (tmp_path / "report.md").read_text()
     assert len(md) <= GITHUB_COMMENT_LIMIT
-    assert md.index("hot-thread-gpu-idle") < md.index("## Threads")
+    assert md.index("hot-thread") < md.index("## Threads")
     assert "inline_experts" in md  # the answer survives the cut
     assert report["schema"] == 1 and len(report["threads"]) == 441
-    assert json.loads((tmp_path / "report.json").read_text())["findings"][0]["id"] == (
-        "hot-thread-gpu-idle"
-    )
+    assert json.loads((tmp_path / "report.json").read_text())["findings"][0]["id"] == ("hot-thread")
 
 
 def test_fit_limit_drops_the_largest_details_first():
@@ -58,8 +56,8 @@ def test_next_steps_name_engine_commands_only_for_the_engine(tmp_path):
     plain = write(tmp_path / "plain", stream(threads, ticks=4))
     engine = write(tmp_path / "engine", stream(threads, ticks=4, context={"strategy": "hybrid"}))
     hot = {r: rep["findings"][0] for r, rep in (("plain", plain), ("engine", engine))}
-    assert hot["plain"]["id"] == hot["engine"]["id"] == "hot-thread-gpu-idle"
-    assert hot["plain"]["next_step"] == PLAIN_NEXT_STEPS["hot-thread-gpu-idle"]
+    assert hot["plain"]["id"] == hot["engine"]["id"] == "hot-thread"
+    assert hot["plain"]["next_step"] == PLAIN_NEXT_STEPS["hot-thread"]
     assert "ft diagnose --strategy" not in (tmp_path / "plain" / "report.md").read_text()
     assert "ft bisect" in hot["engine"]["next_step"]
 

@@ -41,7 +41,7 @@ def run(tmp_path, strategy: str) -> dict:
 def test_hybrid_with_the_inline_fault_names_the_engine_thread(runs):
     report = runs["hybrid"]
     ids = [f["id"] for f in report["findings"]]
-    assert ids[:2] == ["hot-thread-gpu-idle", "cpu-pool-idle"]
+    assert ids[:2] == ["hot-thread", "cpu-pool-idle"]
     assert "inline_expert_ffn" in report["findings"][0]["title"]
     assert report["context"]["strategy"] == "hybrid" and report["context"]["workload"] is True
     assert report["throughput"]["e2e_decode_tok_s"] == 0.5
@@ -58,7 +58,7 @@ def test_side_by_side(tmp_path, runs):
     hybrid, offload = (
         line for line in md.splitlines() if line.startswith(("| hybrid", "| offload"))
     )
-    assert "hot-thread-gpu-idle" in hybrid and "hot-thread-gpu-idle" not in offload
+    assert "hot-thread" in hybrid and "hot-thread" not in offload
     assert "MainThread" in hybrid and "[report](hybrid/report.md)" in hybrid
 
 
@@ -77,6 +77,6 @@ def test_engine_mode_on_the_real_server_side_by_side(tmp_path):
         assert report["context"]["strategy"] == strategy
         assert report["throughput"]["e2e_decode_tok_s"] > 0
         assert "ft-engine" in {t["name"] for t in report["threads"] if t["role"] == "engine"}
-        assert "hot-thread-gpu-idle" not in [f["id"] for f in report["findings"]]
+        assert "hot-thread" not in [f["id"] for f in report["findings"]]
     md = (out / "report.md").read_text()
     assert "| offload |" in md and "| resident |" in md
