@@ -95,6 +95,9 @@ def _default_device() -> str:
 
 
 def _missing(outcome) -> str:
+    if not outcome.hybrid_far_slower:
+        ratio = "unknown" if outcome.slowdown is None else f"{outcome.slowdown:.1f}x"
+        return f"the broken hybrid was not far slower than offload (offload/hybrid {ratio})"
     if not outcome.inline_named:
         return "the diagnosis did not name the inline frames"
     if outcome.pool_idle is None:
@@ -112,6 +115,7 @@ def _as_json(result) -> dict:
         "planted": {"sha": result.history.planted_sha, "subject": result.history.planted_subject},
         "culprit": o.culprit_sha, "found_planted": o.found_planted,
         "inline_frames_named": o.inline_named, "pool_idle": o.pool_idle is not None,
+        "offload_over_hybrid": o.slowdown,
         "hybrid_tok_s": result.diagnosis.tok_s("hybrid"),
         "offload_tok_s": result.diagnosis.tok_s("offload"),
         "seconds": {k: round(v, 1) for k, v in result.seconds.items()},
@@ -165,7 +169,7 @@ class RichUI:
             ids = ", ".join(f["id"] for f in run["findings"]) or "none"
             table.add_row(strategy, "-" if tok_s is None else f"{tok_s:.1f}", ids)
         self.console.print(table)
-        for rule in ("hot-thread-gpu-idle", "cpu-pool-idle"):
+        for rule in ("hot-thread", "cpu-pool-idle"):
             if f := diagnosis.finding("hybrid", rule):
                 self.console.print(f"[red]{f['severity']}[/red] {rule}: {f['title']}")
 

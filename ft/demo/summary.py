@@ -13,29 +13,44 @@ from ft.demo.history import GOOD_TAG, ScratchHistory
 from ft.demo.prepare import ProfileChoice
 from ft.demo.stages import Diagnosis
 
+SEED_SHAPE_SLOWDOWN = 2.0  # offload / broken hybrid at least this: far slower, as in the seed
+
 
 @dataclass(frozen=True)
 class Outcome:
     """What the demo set out to show, and whether it did."""
 
-    hot: dict | None  # the hot-thread-gpu-idle finding of the hybrid run
+    hot: dict | None  # the hot-thread finding of the hybrid run
     pool_idle: dict | None  # its cpu-pool-idle finding
     inline_named: bool  # the hot thread's frames include the planted inline function
     culprit_sha: str | None
     found_planted: bool
+    slowdown: float | None  # offload's decode tok/s over the broken hybrid's
+
+    @property
+    def hybrid_far_slower(self) -> bool:
+        """The seed's shape: the broken hybrid at most half of offload (the seed: 28x)."""
+        return self.slowdown is not None and self.slowdown >= SEED_SHAPE_SLOWDOWN
 
     @property
     def shown(self) -> bool:
-        return self.inline_named and self.pool_idle is not None and self.found_planted
+        return (
+            self.hybrid_far_slower
+            and self.inline_named
+            and self.pool_idle is not None
+            and self.found_planted
+        )
 
 
 def judge(diagnosis: Diagnosis, rep: dict, history: ScratchHistory) -> Outcome:
-    hot = diagnosis.finding("hybrid", "hot-thread-gpu-idle")
+    hot = diagnosis.finding("hybrid", "hot-thread")
     frames = (hot or {}).get("evidence", {}).get("hottest_frames") or []
     culprit = (rep.get("culprit") or {}).get("sha")
+    hybrid, offload = diagnosis.tok_s("hybrid"), diagnosis.tok_s("offload")
     return Outcome(
         hot, diagnosis.finding("hybrid", "cpu-pool-idle"),
         any(PLANTED_FUNCTION in f for f in frames), culprit, culprit == history.planted_sha,
+        offload / hybrid if hybrid and offload else None,
     )  # fmt: skip
 
 
