@@ -60,7 +60,11 @@ def _pool_text(s: Summary) -> str:
         return "there is no CPU MoE pool"
     handed = experts_to_cpu(s)
     but = f" though {handed:.0f} experts were handed to the CPU" if handed else ""
-    return f"the CPU MoE pool ({len(pool)} threads) is idle{but}"
+    return f"the CPU MoE pool ({_threads(len(pool))}) is idle{but}"
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'' if n == 1 else 's'}"
 
 
 def _waiting_text(t: ThreadSummary) -> str:
@@ -68,7 +72,7 @@ def _waiting_text(t: ThreadSummary) -> str:
 
 
 def _work_text(t: ThreadSummary) -> str:
-    return f", {t.work_share:.0%} of its samples in its own work" if t.work_share else ""
+    return f", {t.work_share:.0%} of its samples in its own work," if t.work_share else ""
 
 
 def _frames_text(t: ThreadSummary) -> str:
@@ -170,7 +174,7 @@ def cpu_pool_idle(s: Summary) -> list[Finding]:
     gpu_busy = s.gpu.available and (s.gpu.util_pct or 0.0) >= 20
     if not pool_starved(s) or not (busy or gpu_busy or s.context.get("workload")):
         return []
-    where = f"{len(pool)} ft-cpu-moe threads averaged " + (
+    where = f"{len(pool)} ft-cpu-moe {_threads(len(pool)).split()[1]} averaged " + (
         f"{max(p.cpu_pct for p in pool):.1f}% CPU at most" if pool else "- none were found"
     )
     counts = s.counters
