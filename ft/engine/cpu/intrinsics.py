@@ -115,6 +115,9 @@ def e4m3_value(typingctx, byte):
 
 
 def _e2m1(builder, byte, shift: int):
+    """float32 of the e2m1 code in bits [shift, shift + 4) of a byte (sign, 2 exponent bits of
+    bias 1, one mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6), as e4m3_value: 32-bit lanes, and the
+    subnormal 0.5 built as 1.5 - 1.0, no float32 denormal."""
     i32 = ir.IntType(32)
     c = lambda v: ir.Constant(i32, v)  # noqa: E731
     code = builder.and_(builder.lshr(builder.zext(byte, i32), c(shift)), c(15))

@@ -33,16 +33,16 @@ _KERNEL_FORMATS = {
 
 
 def kernel_format(fmt: str, weight_dtype: torch.dtype) -> tuple[int, tuple[str, ...]] | None:
-    """The layer kernel's format for experts of `fmt` whose w13 is `weight_dtype` (None: it has
-    none, e.g. fp16 weights: those take the pool's per-block torch path)."""
+    """The layer kernel's format for experts of `fmt` whose w13 is `weight_dtype` (None: it reads
+    no such experts, e.g. fp16 weights; the pool runs those on the caller, counted and warned)."""
     return _KERNEL_FORMATS.get((fmt, weight_dtype))
 
 
 class LayerHandle:
     """One submitted call; wait() returns [T, D] float32 (the sum over its experts)."""
 
-    def __init__(self, call: LayerCalls, gen: int, out: torch.Tensor, keep: tuple) -> None:
-        self._calls, self.gen, self._out = call, gen, out
+    def __init__(self, calls: LayerCalls, gen: int, out: torch.Tensor, keep: tuple) -> None:
+        self._calls, self.gen, self._out = calls, gen, out
         self._keep = keep  # what the workers read by address: alive until the call is done
         self._finished = False
         self.ran_on: set[str] = set()
@@ -51,8 +51,9 @@ class LayerHandle:
         return self._finished or self._calls.finished(self.gen)
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
-        """Blocks until the workers are done (the GIL released); `timeout` is not used: a call
-        of a few experts cannot hang short of a dead worker, which the pool reports."""
+        """Blocks until the workers are done (the GIL released). `timeout` is the task path's
+        argument and is not used here: the workers run compiled code that cannot raise (submit
+        checked the plan), so every call ends once each worker has run its share."""
         if not self._finished:
             self._calls.wait(self.gen)
             self._finished, self._keep = True, ()
