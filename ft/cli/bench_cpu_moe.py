@@ -43,8 +43,8 @@ def bench_cpu_moe(
     compute: Annotated[
         str,
         typer.Option(
-            help="Pool compute modes, comma-separated: auto (the layer kernel), native, "
-            "float32 (the row-block task path), compiled."
+            help="Pool compute modes, comma-separated: auto / compiled (the layer kernel), "
+            "native / float32 (the row-block task path)."
         ),
     ] = "auto",  # fmt: skip
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
