@@ -23,8 +23,9 @@ def cpu_moe_force_inline() -> bool:
 
 
 def cpu_moe_compute() -> str:
-    """FT_CPU_MOE_COMPUTE: how the CPU MoE pool multiplies unquantised experts: auto (default)
-    | float32 | native | compiled (ft.engine.cpu.compute; quantised ones always compiled)."""
+    """FT_CPU_MOE_COMPUTE: how the CPU MoE pool computes: auto (default) | compiled (the layer
+    kernel, ft.engine.cpu.layer) | float32 | native (the row-block tasks, ft.engine.cpu.compute;
+    quantised experts there by the compiled row kernels)."""
     value = os.environ.get("FT_CPU_MOE_COMPUTE", "auto").lower()
     return value if value in ("auto", "float32", "native", "compiled") else "auto"
 

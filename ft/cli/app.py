@@ -73,6 +73,7 @@ def _register() -> None:
     from ft.cli import (
         bench,
         bench_bw,
+        bench_cpu_moe,
         bench_decode,
         bench_serve,
         bisect,
@@ -93,6 +94,7 @@ def _register() -> None:
     bisect.register(app)
     bench.register(app)
     bench_bw.register(app)
+    bench_cpu_moe.register(app)
     bench_serve.register(app)
     bench_decode.register(app)
     profile.register(app)

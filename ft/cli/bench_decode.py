@@ -12,21 +12,13 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from ft.cli.bench import bench_app
-from ft.cli.options import EngineFlags, engine_options
-from ft.errors import FtError
+from ft.cli.options import EngineFlags, engine_options, int_list
 from ft.report import write_json_atomic
 
 
 def register(app: typer.Typer) -> None:
     """`ft bench decode` lives on the bench group (ft/cli/bench.py)."""
     bench_app.command("decode")(bench_decode)
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise FtError(f"{flag} takes comma-separated integers, got {text!r}") from None
 
 
 # The bench picks the strategy, cache-free resident, KV size and batch itself.
@@ -68,7 +60,7 @@ def bench_decode(
     shared = engine.config(moe_strategy="offload", bw_profile=profile_path)
     cfg = DecodeBenchConfig(
         engine=shared, strategies=names or available_strategies(),
-        batches=_ints(batch, "--batch"), tokens=tokens, warmup=warmup, profile=profile_path,
+        batches=int_list(batch, "--batch"), tokens=tokens, warmup=warmup, profile=profile_path,
         peer=peer, trace=str(trace) if trace else None,
     )  # fmt: skip
     report = _run(cfg)

@@ -1,6 +1,7 @@
 """Engine flags, declared once: `@engine_options` gives a command every flag of the engine and
 hands them to it as one `EngineFlags`, so `ft generate`, `ft serve` and the benchmarks never
-repeat the list (a flag added here reaches every command)."""
+repeat the list (a flag added here reaches every command); and the parsers of option values that
+commands share."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from ft.errors import FtError
 
 
 @dataclass(frozen=True)
@@ -190,3 +193,11 @@ def engine_options(command=None, *, exclude: tuple[str, ...] = ()):
         return wrapper
 
     return decorate(command) if command is not None else decorate
+
+
+def int_list(text: str, flag: str) -> tuple[int, ...]:
+    """'1,2,8' -> (1, 2, 8); a one-line error naming `flag` for anything else."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise FtError(f"{flag} takes comma-separated integers, got {text!r}") from None

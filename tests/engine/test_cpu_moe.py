@@ -138,12 +138,17 @@ def test_forced_inline_is_counted_and_warned_once(ft_log, monkeypatch):
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
 
 
-def test_worker_error_reaches_wait_and_pool_survives():
+@pytest.mark.parametrize(
+    "compute,error,match",
+    [("auto", ValueError, r"part w13: want"), ("float32", RuntimeError, "worker failed")],
+)  # the layer kernel reads raw addresses: its submit refuses a bad part; the task path's
+# worker fails and hands the error to wait()
+def test_bad_part_is_refused_and_pool_survives(compute, error, match):
     x, jobs = make_jobs(2)
     parts = {"w13": torch.randn(2 * INTER, D + 1), "w2": jobs[0].parts["w2"]}
     bad = ExpertJob(parts=parts, rows=jobs[0].rows, weights=jobs[0].weights)
-    with CpuMoeExecutor(threads=2) as pool:
-        with pytest.raises(RuntimeError, match="worker failed"):
+    with CpuMoeExecutor(threads=2, compute=compute) as pool:
+        with pytest.raises(error, match=match):
             pool.submit(x, [bad]).wait(timeout=30)
         torch.testing.assert_close(pool.submit(x, jobs).wait(timeout=30), ref_moe(x, jobs))
 

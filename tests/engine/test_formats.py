@@ -219,13 +219,17 @@ def test_cpu_executor_equals_device_path_and_reference(fmt, tokens):
     torch.testing.assert_close(cpu, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_a_part_of_the_wrong_shape_fails_in_the_worker_not_out_of_bounds():
-    """The compiled kernels do not check bounds: the block's parts are checked first."""
+def test_a_part_of_the_wrong_shape_is_refused_not_read_out_of_bounds():
+    """The compiled kernels do not check bounds: the parts are checked first (the layer
+    kernel's at submit; the task path's in the worker, handed to wait())."""
     bank = FORMATS["nvfp4"].quantize(*float_experts(seed=5))
     bank["w13_scale"] = bank["w13_scale"][:, :, :-1]  # one 16-group short per row
     x, ids, weights = routed(2, seed=3)
     jobs = expert_jobs(bank, ids, weights, list(range(E)), "nvfp4")
     with CpuMoeExecutor(threads=2) as pool:
+        with pytest.raises(ValueError, match="w13_scale"):
+            pool.submit(x, jobs)
+    with CpuMoeExecutor(threads=2, compute="native") as pool:
         with pytest.raises(RuntimeError, match="worker failed") as failed:
             pool.submit(x, jobs).wait(timeout=30)
     assert "w13_scale" in str(failed.value.__cause__)

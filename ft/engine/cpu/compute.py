@@ -1,4 +1,6 @@
-"""One task of the CPU MoE pool: an expert FFN restricted to a block of its I rows.
+"""One task of the CPU MoE pool's row-block path (compute modes float32 / native, and work run
+inline): an expert FFN restricted to a block of its I rows. The pool's default path is the
+layer kernel (ft.engine.cpu.layer); ExpertJob and the part checks here serve both.
 
 FFN(x) = down(silu(x @ gate.T) * (x @ up.T)) splits exactly over blocks of I: the blocks' partial
 outputs add up to the whole. Compute modes: "float32" (blocks converted to a per-worker fp32
@@ -93,7 +95,7 @@ def make_slices(
     dense = x.shape[0] == 1
     fused = None
     if compiled and weight_dtype == torch.bfloat16 and not form.quantized:
-        _check_parts(form, job.parts, x.shape[1], job.inter)  # the kernel does not check bounds
+        check_parts(form, job.parts, x.shape[1], job.inter)  # the kernel does not check bounds
         bits = [job.parts[k].view(torch.int16).numpy().view(np.uint16) for k in ("w13", "w2")]
         fused = (xj.numpy(), *bits, job.inter, scale[:, 0].contiguous().numpy(), job.rows.numpy())
     return [
@@ -164,7 +166,7 @@ def _compiled_block(sl: Slice) -> torch.Tensor:
     parts, form, inter = sl.job.parts, sl.form, sl.job.inter
     x = sl.x.numpy()  # [n, D] float32 (make_slices)
     n, hidden, s = x.shape[0], x.shape[1], sl.hi - sl.lo
-    _check_parts(form, parts, hidden, inter)  # the kernels do not check their bounds
+    check_parts(form, parts, hidden, inter)  # the kernels do not check their bounds
     gate, up = np.empty((n, s), np.float32), np.empty((n, s), np.float32)
     form.rows_dot(parts, "w13", sl.lo, sl.hi, 0, x, gate)
     form.rows_dot(parts, "w13", inter + sl.lo, inter + sl.hi, 0, x, up)
@@ -174,8 +176,9 @@ def _compiled_block(sl: Slice) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def _check_parts(form: ExpertFormat, parts: dict, hidden: int, inter: int) -> None:
-    """ValueError naming a part whose shape or dtype is not the format's for (D, I)."""
+def check_parts(form: ExpertFormat, parts: dict, hidden: int, inter: int) -> None:
+    """ValueError naming a part whose shape or dtype is not the format's for (D, I): the
+    compiled kernels read raw memory and check no bounds."""
     want = _expected_parts(form, hidden, inter, parts["w13"].dtype)
     for name, (shape, dtype) in want.items():
         got = parts.get(name)

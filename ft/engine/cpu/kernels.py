@@ -1,7 +1,8 @@
 """CPU kernels for experts: out[t, r - r0] = sum_j W[r, c0 + j] * x[t, j] for rows r0..r1 of one
 projection, read straight from its codes and scales (quantised formats) or its bf16 / float32
-weights: no dequantised copy of the block, float32 arithmetic throughout. The CPU MoE pool's
-workers call them (ExpertFormat.rows_dot).
+weights: no dequantised copy of the block, float32 arithmetic throughout. The pool's row-block
+task path calls them (ExpertFormat.rows_dot); its default path, the layer kernel, decodes rows
+itself (ft.engine.cpu.layer_kernel).
 
 They are compiled by numba once (cached on disk) and release the GIL, so the pool's threads run
 them side by side; torch's path (dequantise a block with tensor ops, then a matmul) holds the GIL

@@ -1,13 +1,19 @@
 """The CPU MoE executor: a pinned pool of worker threads computing expert FFNs from host weights.
 
 Each worker is a Python thread named `ft-cpu-moe-K` (the OS name too, so probes can find it in
-/proc), pinned to one core, with torch intra-op threads = 1. Python threads scale here because
-torch's matmuls release the GIL (docs/performance.md). At decode batch a layer sends only a few
-experts to the CPU, so work is handed out as row blocks of the intermediate dimension I, not as
-whole experts: a task computes gate/up for its block of I, the activation, and multiplies by
-the matching columns of w2; each worker adds its partials into its own [T, D] buffer, and the
-waiter sums the buffers. Shape legend: T = tokens, D = hidden, I = expert intermediate,
-n = tokens routed to one expert, s = rows of I in one task.
+/proc), pinned to one core, with torch intra-op threads = 1. How the workers compute depends on
+the compute mode (docs/cpu-pool.md):
+- auto / compiled: each worker enters the layer kernel once (ft.engine.cpu.layer) and stays in
+  compiled code, GIL released, until close(); a submit is one call for all of a layer's CPU
+  experts, split so that every worker streams its own rows. No Python per expert or row block.
+- float32 / native: the row-block task queue, kept for comparison (`ft bench bw`'s isa_sweep).
+  Work is handed out as blocks of the intermediate dimension I: a task computes gate/up for its
+  block, the activation, and multiplies by the matching columns of w2; each worker adds its
+  partials into its own [T, D] buffer, and the waiter sums the buffers.
+Work that does not reach the workers (forced inline, a closed pool, weights the layer kernel
+does not read) runs on the caller, counted in experts_inline and warned once.
+Shape legend: T = tokens, D = hidden, I = expert intermediate, n = tokens routed to one expert,
+s = rows of I in one task.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import math
 import queue
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,9 +46,13 @@ from ft.engine.formats import get_format
 from ft.errors import FtError
 from ft.log import get_logger
 
+if TYPE_CHECKING:
+    from ft.engine.cpu.layer import LayerHandle
+
 log = get_logger("ft.engine.cpu.pool")
 
 THREAD_PREFIX = "ft-cpu-moe-"
+LAYER_MODES = ("auto", "compiled")  # compute modes whose workers run the layer kernel
 
 
 @dataclass(frozen=True)
@@ -105,7 +116,7 @@ class CpuMoeExecutor:
         threads: int | None = None,
         cores: list[int] | None = None,
         *,
-        compute: str = "auto",  # "auto" | "float32" | "native" | "compiled" (cpu_moe_compute)
+        compute: str = "auto",  # "auto" | "float32" | "native" | "compiled" (module note)
         min_slice: int = 64,  # fewest rows of I in one task: below it, per-op cost dominates
         tasks_per_thread: int = 1,  # tasks per worker per submit: more balance, more overhead
         force_inline: bool | None = None,  # fault injection: compute on the caller, not the pool
@@ -123,6 +134,7 @@ class CpuMoeExecutor:
             settings.cpu_moe_force_inline() if force_inline is None else force_inline
         )
         self.native_ids: list[int] = [0] * self.threads
+        self._layer = self._layer_calls() if compute in LAYER_MODES else None
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()  # blocking get: no busy-waiting
         self._in_pool = [0] * self.threads  # one writer each: no lock needed
         self._inline = 0
@@ -139,6 +151,13 @@ class CpuMoeExecutor:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def _layer_calls(self):
+        """auto / compiled: the workers wait in the layer kernel, one call per submit
+        (ft.engine.cpu.layer); float32 / native: they take row-block tasks from a queue."""
+        from ft.engine.cpu.layer import LayerCalls  # numba: imported where it is used
+
+        return LayerCalls(self.threads, [f"{THREAD_PREFIX}{k}" for k in range(self.threads)])
+
     def _start_worker(self, k: int) -> threading.Thread:
         t = threading.Thread(
             target=self._worker, args=(k,), name=f"{THREAD_PREFIX}{k}", daemon=True
@@ -151,6 +170,8 @@ class CpuMoeExecutor:
         if self._closed:
             return
         self._closed = True
+        if self._layer is not None:
+            self._layer.stop()
         for _ in self._workers:
             self._tasks.put(None)
         for t in self._workers:
@@ -172,12 +193,20 @@ class CpuMoeExecutor:
 
     # -- work -----------------------------------------------------------------------------------
 
-    def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
-        """Queue the jobs' row blocks and return at once; x is [T, D] on the CPU."""
+    def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle | LayerHandle:
+        """Start the jobs on the workers and return at once; x is [T, D] on the CPU."""
         _check_on_cpu(x, jobs)
         jobs = [j for j in jobs if j.rows.numel() > 0]
         if self.force_inline or not self.alive:
             return self._run_inline(x, jobs)
+        if self._layer is not None and jobs:
+            dtype = jobs[0].parts["w13"].dtype
+            if not self._layer.reads(jobs[0].fmt, dtype):
+                reason = f"the layer kernel has no {str(dtype).removeprefix('torch.')} weights"
+                return self._run_inline(x, jobs, reason)
+            handle = self._layer.submit(x, jobs)
+            self._in_pool[0] += len(jobs)  # counted at submit: no worker runs Python to count
+            return handle
         slices = self._plan(x, jobs)
         handle = CpuMoeHandle(x, len(slices), self.threads)
         for sl in slices:
@@ -194,10 +223,12 @@ class CpuMoeExecutor:
             slices += make_slices(job, x, self.compute, blocks)
         return slices
 
-    def _run_inline(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle:
+    def _run_inline(
+        self, x: torch.Tensor, jobs: list[ExpertJob], reason: str | None = None
+    ) -> CpuMoeHandle:
         handle = CpuMoeHandle(x, 0, 1)
         forced = "forced (--cpu-moe-inline / FT_CPU_MOE_INLINE)"
-        reason = forced if self.force_inline else "the pool is closed"
+        reason = reason or (forced if self.force_inline else "the pool is closed")
         for job in jobs:
             (whole,) = make_slices(job, x, self.compute, [(0, job.inter)])
             run_slice(whole, handle.partial(0), scratch={})
@@ -225,6 +256,9 @@ class CpuMoeExecutor:
         torch.set_num_threads(1)
         self.worker_torch_threads[k] = torch.get_num_threads()
         self._started.wait()
+        if self._layer is not None:
+            self._layer.serve(k)  # compiled code until close(): no Python per call
+            return
         scratch: dict = {}
         name = threading.current_thread().name
         while (item := self._tasks.get()) is not None:

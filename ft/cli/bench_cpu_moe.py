@@ -1,0 +1,81 @@
+"""`ft bench cpu-moe`: the CPU MoE pool's throughput per format beside the host's read rate."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ft.cli.bench import bench_app
+from ft.cli.options import int_list
+
+
+def register(app: typer.Typer) -> None:
+    """`ft bench cpu-moe` lives on the bench group (ft/cli/bench.py)."""
+    bench_app.command("cpu-moe")(bench_cpu_moe)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def bench_cpu_moe(
+    formats: Annotated[
+        str,
+        typer.Option(help="Expert formats, comma-separated: bf16, int8, fp8_block, nvfp4, fp32."),
+    ] = "bf16,int8,fp8_block,nvfp4",
+    experts_per_call: Annotated[
+        str, typer.Option(help="Experts in one pool call (a layer's CPU share), comma-separated.")
+    ] = "1,2,8",
+    tokens: Annotated[
+        str, typer.Option(help="Tokens per call (decode batch), comma-separated.")
+    ] = "1,4",
+    threads: Annotated[
+        int | None, typer.Option(help="Pool threads (default: physical cores - 1).")
+    ] = None,
+    calls: Annotated[int, typer.Option(help="Timed calls per cell (the median is shown).")] = 40,
+    store_gib: Annotated[
+        float, typer.Option(help="Each format's store, GiB: larger than the CPU's caches.")
+    ] = 1.0,
+    compute: Annotated[
+        str,
+        typer.Option(
+            help="Pool compute modes, comma-separated: auto / compiled (the layer kernel), "
+            "native / float32 (the row-block task path)."
+        ),
+    ] = "auto",  # fmt: skip
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The CPU MoE pool's GB/s of expert bytes per format, experts per call and tokens, as a
+    fraction of the host's read bandwidth measured in the same run (docs/cpu-pool.md)."""
+    from ft.bench.cpu_moe import CpuMoeBenchConfig, run_cpu_moe  # torch: only for this command
+
+    cfg = CpuMoeBenchConfig(
+        formats=_names(formats), experts_per_call=int_list(experts_per_call, "--experts-per-call"),
+        tokens=int_list(tokens, "--tokens"), calls=calls, store_gib=store_gib, threads=threads,
+        computes=_names(compute),
+    )  # fmt: skip
+    err = Console(stderr=True)
+    result = run_cpu_moe(cfg, lambda stage: err.print(f"[dim]{stage}[/dim]"))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    _render(result)
+
+
+def _render(result: dict) -> None:
+    read = result["stream_read_gbs"]
+    table = Table(
+        title=f"ft bench cpu-moe: {result['threads']} threads, D={result['hidden']} "
+        f"I={result['inter']}, host read {read} GB/s"
+    )
+    for column in ("format", "compute", "tokens", "experts/call", "us/call", "GB/s", "of read"):
+        table.add_column(column, justify="left" if column in ("format", "compute") else "right")
+    for r in result["rows"]:
+        of_read = "-" if r["of_read"] is None else f"{r['of_read']:.2f}"
+        table.add_row(r["fmt"], r["compute"], str(r["tokens"]), str(r["experts"]),
+                      f"{r['us']:.0f}", f"{r['gbs']:.2f}", of_read)  # fmt: skip
+    Console().print(table)

@@ -1,0 +1,245 @@
+"""The CPU MoE pool's layer kernel: one nopython call per worker serves every layer call.
+
+Each pinned worker enters `serve` once and stays in compiled code (GIL released) for the pool's
+life: it waits for the caller to publish a call (spin, then futex), computes its share, counts
+itself done, and waits again. No Python runs per call, per expert or per row on the workers.
+
+A call is a plan (int64 words, below) for the k experts of one layer's CPU share. Its work is
+split so that every worker streams contiguous rows:
+  phase 1: worker w takes rows [i0, i1) of I of every expert: gate row i and up row I + i of
+           w13 (each a contiguous row of D), act[token, i] = silu(gate . x) * (up . x) * weight;
+  barrier (the down projection needs every worker's act);
+  phase 2: worker w takes rows [d0, d1) of D of w2 (each a contiguous row of I) and writes
+           out[:, d0:d1], summed over experts: no partial sums to reduce, no shared writes.
+Per row the weights are decoded into a float32 buffer in L1 (vectorised: bf16 by a shift,
+int8 by a convert, e4m3 and e2m1 by bit arithmetic, no table gathers), then dotted with each of
+the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
+nvfp4's per-tensor scale) multiply the dot product, not the weights.
+Legend: T = tokens of the call, D = hidden, I = expert intermediate, n = tokens of one expert.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit, types
+
+from ft.engine.cpu.intrinsics import (
+    address,
+    atomic_add,
+    atomic_load,
+    e2m1_pair,
+    e4m3_value,
+    f32_of_bits,
+)
+from ft.engine.cpu.sync import CALLER_SPIN, WORKER_SPIN, arrive, publish, wait_change, wake
+
+_JIT = dict(nogil=True, cache=True)
+_MATH = dict(nogil=True, cache=True, fastmath=True)
+
+# Formats the kernel reads (the plan's FMT word).
+F32, BF16, INT8, FP8, NVFP4 = 0, 1, 2, 3, 4
+FP8_BLOCK, NVFP4_GROUP = 128, 16
+
+# The control block: one word per cache line (sync.control_block), index = word * 8.
+GEN, STOP, PLAN, DONE, BARRIER, WORKER_SLEEPERS, CALLER_SLEEPERS, BARRIER_SLEEPERS = (
+    8 * i for i in range(8)
+)
+CONTROL_WORDS = 8
+
+# The plan: header words, then PARTS words per expert (part addresses, 0 where unused).
+FMT, EXPERTS, TOKENS, HIDDEN, INTER, WORKERS, X, ACT, OUT, TOKEN_START, TOKEN_ROW, TOKEN_WEIGHT = (
+    range(12)
+)
+HEADER, PARTS = 16, 6
+W13, W2, W13_SCALE, W2_SCALE, W13_SCALE_2, W2_SCALE_2 = range(PARTS)
+
+
+# -- decoding one row into float32 -------------------------------------------------------------
+
+
+@njit(**_MATH)
+def _decode_bf16(src, buf):
+    for j in range(src.shape[0]):
+        buf[j] = f32_of_bits(np.uint32(src[j]) << 16)
+
+
+@njit(**_MATH)
+def _decode_f32(src, buf):
+    for j in range(src.shape[0]):
+        buf[j] = src[j]
+
+
+@njit(**_MATH)
+def _decode_int8(src, buf):
+    for j in range(src.shape[0]):
+        buf[j] = np.float32(src[j])
+
+
+@njit(**_MATH)
+def _decode_fp8(src, scales, buf):
+    """src e4m3 bytes [C]; scales float32 [ceil(C / 128)]: one per block of 128 columns."""
+    cols = src.shape[0]
+    for blk in range(scales.shape[0]):
+        s = scales[blk]
+        lo, hi = blk * FP8_BLOCK, min(cols, (blk + 1) * FP8_BLOCK)
+        codes, out = src[lo:hi], buf[lo:hi]  # slices, not offset indices: the loop vectorises
+        for j in range(hi - lo):
+            out[j] = e4m3_value(codes[j]) * s
+
+
+@njit(**_MATH)
+def _decode_nvfp4(src, scales, buf):
+    """src [C / 2] two e2m1 codes a byte (element 2j low nibble); scales e4m3 [C / 16]."""
+    pairs = buf[: 2 * src.shape[0]].view(np.uint64)
+    for j in range(src.shape[0]):
+        pairs[j] = e2m1_pair(src[j])
+    for g in range(scales.shape[0]):
+        s = e4m3_value(scales[g])
+        group = buf[g * NVFP4_GROUP : (g + 1) * NVFP4_GROUP]  # a slice: the loop vectorises
+        for j in range(NVFP4_GROUP):
+            group[j] *= s
+
+
+@njit(**_MATH)
+def decode_row(fmt, parts, proj, r, cols, inter, buf):
+    """buf[:cols] = row r of projection `proj` (W13: [2I, D]; W2: [D, I]) of one expert, in
+    float32 up to a factor constant along the row, which it returns."""
+    base = parts[proj]
+    if fmt == BF16:
+        _decode_bf16(carray(address(base + 2 * r * cols), (cols,), np.uint16), buf)
+        return np.float32(1.0)
+    if fmt == F32:
+        _decode_f32(carray(address(base + 4 * r * cols), (cols,), np.float32), buf)
+        return np.float32(1.0)
+    if fmt == INT8:
+        _decode_int8(carray(address(base + r * cols), (cols,), np.int8), buf)
+        return carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
+    if fmt == FP8:
+        blocks = (cols + FP8_BLOCK - 1) // FP8_BLOCK
+        if proj == W13:  # gate and up are blocked apart
+            iblocks = (inter + FP8_BLOCK - 1) // FP8_BLOCK
+            srow = (r // inter) * iblocks + (r % inter) // FP8_BLOCK
+        else:
+            srow = r // FP8_BLOCK
+        scales = carray(address(parts[proj + 2] + 4 * srow * blocks), (blocks,), np.float32)
+        _decode_fp8(carray(address(base + r * cols), (cols,), np.uint8), scales, buf)
+        return np.float32(1.0)
+    # NVFP4
+    groups = cols // NVFP4_GROUP
+    scales = carray(address(parts[proj + 2] + r * groups), (groups,), np.uint8)
+    _decode_nvfp4(carray(address(base + r * (cols // 2)), (cols // 2,), np.uint8), scales, buf)
+    which = r // inter if proj == W13 else 0  # w13_scale_2: gate's, then up's
+    return carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
+
+
+@njit(**_MATH)
+def _dot(w, v, cols):
+    acc = np.float32(0.0)
+    for j in range(cols):
+        acc += w[j] * v[j]
+    return acc
+
+
+@njit(**_MATH)
+def _silu(a):
+    return a / (np.float32(1.0) + np.exp(-a))
+
+
+# -- one call ----------------------------------------------------------------------------------
+
+
+@njit(**_JIT)
+def _expert_parts(plan, e, parts):
+    """parts[:] = the addresses of expert e's parts in the plan."""
+    for p in range(PARTS):
+        parts[p] = plan[HEADER + e * PARTS + p]
+
+
+@njit(**_MATH)
+def run_call(plan, worker, ctrl, gen):
+    """This worker's share of the call `plan` (phase 1, the barrier, phase 2)."""
+    fmt, k, tokens = plan[FMT], plan[EXPERTS], plan[TOKENS]
+    hidden, inter, workers = plan[HIDDEN], plan[INTER], plan[WORKERS]
+    starts = carray(address(plan[TOKEN_START]), (k + 1,), np.int64)
+    pairs = starts[k]
+    rows = carray(address(plan[TOKEN_ROW]), (max(pairs, 1),), np.int64)
+    weights = carray(address(plan[TOKEN_WEIGHT]), (max(pairs, 1),), np.float32)
+    x = carray(address(plan[X]), (tokens, hidden), np.float32)
+    act = carray(address(plan[ACT]), (max(pairs, 1), inter), np.float32)
+    out = carray(address(plan[OUT]), (tokens, hidden), np.float32)
+    buf = np.empty(max(hidden, inter), np.float32)
+    parts = np.empty(PARTS, np.int64)
+
+    i0, i1 = worker * inter // workers, (worker + 1) * inter // workers
+    for e in range(k):
+        _expert_parts(plan, e, parts)
+        for i in range(i0, i1):
+            gate_scale = decode_row(fmt, parts, W13, i, hidden, inter, buf)
+            for t in range(starts[e], starts[e + 1]):
+                act[t, i] = _dot(buf, x[rows[t]], hidden) * gate_scale
+            up_scale = decode_row(fmt, parts, W13, inter + i, hidden, inter, buf)
+            for t in range(starts[e], starts[e + 1]):
+                up = _dot(buf, x[rows[t]], hidden) * up_scale
+                act[t, i] = _silu(act[t, i]) * up * weights[t]
+
+    # every worker's act is needed below: wait for all of this call's phase 1
+    arrive(ctrl, BARRIER, gen * workers, BARRIER_SLEEPERS)
+
+    d0, d1 = worker * hidden // workers, (worker + 1) * hidden // workers
+    for t in range(tokens):
+        for d in range(d0, d1):
+            out[t, d] = 0.0
+    for e in range(k):
+        _expert_parts(plan, e, parts)
+        for d in range(d0, d1):
+            scale = decode_row(fmt, parts, W2, d, inter, inter, buf)
+            for t in range(starts[e], starts[e + 1]):
+                out[rows[t], d] += _dot(buf, act[t], inter) * scale
+
+
+@njit(**_JIT)
+def serve(ctrl, worker):
+    """A worker's whole life: wait for a call, run its share, count it done; until STOP."""
+    seen = 0  # calls are numbered from 1, and the next is published only after all finish one
+    while True:
+        gen = wait_change(ctrl, GEN, seen, WORKER_SLEEPERS, WORKER_SPIN)
+        seen = gen
+        if atomic_load(ctrl, STOP):
+            return
+        at = atomic_load(ctrl, PLAN)
+        words = HEADER + carray(address(at), (HEADER,), np.int64)[EXPERTS] * PARTS
+        plan = carray(address(at), (words,), np.int64)
+        run_call(plan, worker, ctrl, gen)
+        if atomic_add(ctrl, DONE, 1) + 1 == gen * plan[WORKERS]:
+            wake(ctrl, DONE, CALLER_SLEEPERS)
+
+
+@njit(**_JIT)
+def wait_done(ctrl, gen, workers):
+    """The caller's wait for call `gen` (GIL released: the engine's other threads run)."""
+    now = atomic_load(ctrl, DONE)
+    while now < gen * workers:
+        now = wait_change(ctrl, DONE, now, CALLER_SLEEPERS, CALLER_SPIN)
+
+
+@njit(**_JIT)
+def start_call(ctrl, plan_addr, gen):
+    """Publish call `gen` (its plan at plan_addr) to the waiting workers."""
+    ctrl[PLAN] = plan_addr
+    publish(ctrl, GEN, gen, WORKER_SLEEPERS)
+
+
+@njit(**_JIT)
+def stop(ctrl, gen):
+    ctrl[STOP] = 1
+    publish(ctrl, GEN, gen, WORKER_SLEEPERS)
+
+
+def compile_all() -> None:
+    """Compile (or load from numba's disk cache) what the pool runs, before its workers start:
+    no worker or decode step pays for it."""
+    ctrl, word = types.int64[::1], types.int64
+    serve.compile((ctrl, word))
+    wait_done.compile((ctrl, word, word))
+    start_call.compile((ctrl, word, word))
+    stop.compile((ctrl, word))

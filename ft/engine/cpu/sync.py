@@ -1,0 +1,81 @@
+"""How the pool's caller and workers wait for each other inside compiled code: words of an int64
+control block, spun on briefly, then slept on with a Linux futex (no GIL held, no core burnt
+between calls)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ft.engine.cpu.intrinsics import atomic_add, atomic_load, atomic_store, futex, spin_pause
+
+_JIT = dict(nogil=True, cache=True)
+_FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
+# pause rounds before sleeping: a worker on its own core spins ~50-200 us (a decode layer's
+# gap between calls); the caller, who may share a core with a worker, hardly spins at all
+WORKER_SPIN, CALLER_SPIN = 20_000, 100
+
+
+@njit(**_JIT)
+def futex_wait(ctrl, i, seen):
+    """Sleep while ctrl[i]'s low 32 bits equal `seen` (returns at once if they differ)."""
+    futex(ctrl.ctypes.data + i * 8, _FUTEX_WAIT_PRIVATE, seen & 0xFFFFFFFF)
+
+
+@njit(**_JIT)
+def futex_wake(ctrl, i):
+    """Wake every thread sleeping in futex_wait(ctrl, i, ...)."""
+    futex(ctrl.ctypes.data + i * 8, _FUTEX_WAKE_PRIVATE, 1 << 30)
+
+
+@njit(**_JIT)
+def wait_change(ctrl, i, seen, sleepers, spin):
+    """Return ctrl[i] once it differs from `seen`: spin `spin` pauses, then sleep on the
+    futex, counted in ctrl[sleepers] so the writer wakes only when someone sleeps."""
+    for _ in range(spin):
+        now = atomic_load(ctrl, i)
+        if now != seen:
+            return now
+        spin_pause()
+    while True:
+        atomic_add(ctrl, sleepers, 1)
+        now = atomic_load(ctrl, i)
+        if now == seen:
+            futex_wait(ctrl, i, seen)
+        atomic_add(ctrl, sleepers, -1)
+        now = atomic_load(ctrl, i)
+        if now != seen:
+            return now
+
+
+@njit(**_JIT)
+def publish(ctrl, i, value, sleepers):
+    """ctrl[i] = value, and wake the threads sleeping on it if there are any."""
+    atomic_store(ctrl, i, value)
+    wake(ctrl, i, sleepers)
+
+
+@njit(**_JIT)
+def wake(ctrl, i, sleepers):
+    """Wake the threads sleeping on ctrl[i] if wait_change counted any in ctrl[sleepers]
+    (call it after the write they wait for: a locked add or a sequentially consistent store)."""
+    if atomic_load(ctrl, sleepers) > 0:
+        futex_wake(ctrl, i)
+
+
+@njit(**_JIT)
+def arrive(ctrl, i, target, sleepers):
+    """Count this thread in ctrl[i] (a counter that only grows) and return once it reaches
+    `target`; the thread that reaches it wakes the sleepers."""
+    now = atomic_add(ctrl, i, 1) + 1
+    if now == target:
+        wake(ctrl, i, sleepers)
+        return
+    while now < target:
+        now = wait_change(ctrl, i, now, sleepers, WORKER_SPIN)
+
+
+def control_block(words: int) -> np.ndarray:
+    """A zeroed int64 array of `words` words, word w at index 8 * w: each on its own cache line
+    (no false sharing between the caller's writes and the workers' counters)."""
+    return np.zeros(words * 8, np.int64)

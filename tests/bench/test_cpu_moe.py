@@ -1,0 +1,53 @@
+"""`ft bench cpu-moe`: every cell measured and checked against float32 first; bad input is one
+line; a pool that computes the wrong thing gives no figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ft.bench import cpu_moe
+from ft.bench.bw_formats import FORMATS
+from ft.engine.cpu.pool import CpuMoeExecutor
+from ft.errors import FtError
+from tests.conftest import run_ft
+
+
+@pytest.mark.timeout(300)
+def test_cli_measures_every_cell_beside_host_read():
+    res = run_ft(
+        "bench", "cpu-moe", "--formats", "bf16,nvfp4", "--experts-per-call", "1,2",
+        "--tokens", "1,2", "--calls", "2", "--store-gib", "0.02", "--threads", "2", "--json",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert result["threads"] == 2 and result["stream_read_gbs"] > 0
+    cells = {(r["fmt"], r["compute"], r["tokens"], r["experts"]) for r in result["rows"]}
+    assert cells == {(f, "auto", t, k) for f in ("bf16", "nvfp4") for t in (1, 2) for k in (1, 2)}
+    for r in result["rows"]:
+        assert r["gbs"] > 0 and r["max_err"] < 1e-3
+        assert r["of_read"] == pytest.approx(r["gbs"] / result["stream_read_gbs"], abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "args,start",
+    [(("--formats", "bf16,nvfp5"), "error: --formats"), (("--tokens", "1,x"), "error: --tokens"),
+     (("--compute", "fast"), "error: --compute")],
+)  # fmt: skip
+def test_cli_bad_input_is_one_line(args, start):
+    res = run_ft("bench", "cpu-moe", *args)
+    assert res.returncode == 1 and res.stderr.startswith(start), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_pool_off_the_reference_gives_no_figure(monkeypatch):
+    fmt = FORMATS["bf16"]
+    _, bank = fmt.make_store(2, cpu_moe.HIDDEN, cpu_moe.INTER, pin=False)
+    with CpuMoeExecutor(threads=1) as pool:
+        assert cpu_moe._check(pool, fmt, bank, tokens=1) < 1e-3
+        wrong = type("Handle", (), {"wait": lambda self: torch.zeros(1, cpu_moe.HIDDEN)})()
+        monkeypatch.setattr(pool, "submit", lambda x, jobs: wrong)
+        with pytest.raises(FtError, match="differs from float32 torch"):
+            cpu_moe._check(pool, fmt, bank, tokens=1)

@@ -1,0 +1,124 @@
+"""The pool's layer kernel (ft.engine.cpu): every format it reads against a float32 torch
+reference of the dequantised weights, at one and several workers; calls in a row; off-pool
+work counted and warned once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ft.engine.cpu.layer import kernel_format
+from ft.engine.cpu.pool import THREAD_PREFIX, CpuMoeExecutor, ExpertJob, expert_jobs
+from tests.engine import quant_ref
+
+EXPERTS = 5
+# (D, I): rows of I and of D split unevenly over 3 workers; 320 x 208 crosses fp8's 128-blocks
+# in both dims and ends mid-block; 64 x 48 is smaller than one block
+SHAPES = [(64, 48), (320, 208)]
+# (format, weight dtype): what the layer kernel reads
+KERNEL_CASES = [("bf16", torch.bfloat16), ("bf16", torch.float32), ("int8", None),
+                ("fp8_block", None), ("nvfp4", None)]  # fmt: skip
+
+
+def bank_for(fmt: str, dtype, hidden: int, inter: int, seed: int):
+    """(bank in the format, the float32 weights it stands for)."""
+    gen = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(EXPERTS, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(EXPERTS, hidden, inter, generator=gen) / inter**0.5
+    if fmt == "bf16":
+        bank = {"w13": w13.to(dtype), "w2": w2.to(dtype)}
+        return bank, (bank["w13"].float(), bank["w2"].float())
+    bank = {k: v.contiguous() for k, v in quant_ref.quantize(w13, w2, fmt).items()}
+    return bank, quant_ref.dequantize(bank, fmt)
+
+
+def reference(x, w13, w2, topk_ids, topk_weights) -> torch.Tensor:
+    """float32: every token through each of its experts, one at a time."""
+    out, inter = torch.zeros(x.shape), w2.shape[2]
+    for t in range(x.shape[0]):
+        for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True):
+            act = F.silu(w13[e, :inter] @ x[t]) * (w13[e, inter:] @ x[t])
+            out[t] += w * (w2[e] @ act)
+    return out
+
+
+def routing(tokens: int, top_k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(tokens, EXPERTS, generator=gen).softmax(-1)
+    weights, ids = scores.topk(top_k, dim=-1)  # [T, K]
+    return ids, weights
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("fmt,dtype", KERNEL_CASES)
+def test_layer_kernel_equals_float32_reference(fmt, dtype, shape, threads):
+    hidden, inter = shape
+    bank, (w13, w2) = bank_for(fmt, dtype, hidden, inter, seed=hidden + threads)
+    assert kernel_format(fmt, bank["w13"].dtype) is not None  # the layer kernel, not a fallback
+    with CpuMoeExecutor(threads=threads) as pool:
+        for tokens, top_k in ((1, 2), (4, 3)):  # decode: one token; four sharing experts
+            gen = torch.Generator().manual_seed(tokens)
+            x = torch.randn(tokens, hidden, generator=gen)
+            ids, weights = routing(tokens, top_k, seed=tokens + threads)
+            jobs = expert_jobs(bank, ids, weights, list(range(EXPERTS)), fmt)
+            out = pool.submit(x, jobs).wait()
+            torch.testing.assert_close(out, reference(x, w13, w2, ids, weights),
+                                       rtol=1e-4, atol=1e-5)  # fmt: skip
+        assert pool.stats.experts_inline == 0
+
+
+def test_calls_in_a_row_and_unrouted_tokens_stay_zero():
+    """A second submit before the first's wait; a token no job reads is zero in the result."""
+    hidden, inter = SHAPES[0]
+    bank, (w13, w2) = bank_for("bf16", torch.bfloat16, hidden, inter, seed=3)
+    x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(1))
+    with CpuMoeExecutor(threads=2) as pool:
+        jobs = [
+            ExpertJob({k: v[e] for k, v in bank.items()}, torch.tensor([0, 2]),
+                      torch.tensor([0.5, 0.25]))
+            for e in range(EXPERTS)
+        ]  # fmt: skip
+        first, second = pool.submit(x, jobs[:2]), pool.submit(x, jobs[2:])
+        total = first.wait() + second.wait()
+        assert pool.stats.experts_in_pool == EXPERTS
+        assert first.ran_on == {f"{THREAD_PREFIX}{k}" for k in range(2)}
+    ids = torch.arange(EXPERTS).expand(3, EXPERTS)
+    weights = torch.tensor([0.5, 0.0, 0.25])[:, None].expand(3, EXPERTS)
+    torch.testing.assert_close(total, reference(x, w13, w2, ids, weights), rtol=1e-4, atol=1e-5)
+    assert torch.equal(total[1], torch.zeros(hidden))
+
+
+def test_weights_without_a_layer_kernel_run_inline_counted_and_warned_once(ft_log):
+    """fp16 experts: the layer kernel reads none, so the caller computes them, visibly."""
+    hidden, inter = SHAPES[0]
+    bank, (w13, w2) = bank_for("bf16", torch.float16, hidden, inter, seed=5)
+    x = torch.randn(1, hidden)
+    ids, weights = routing(1, 2, seed=2)
+    with CpuMoeExecutor(threads=2) as pool:
+        for _ in range(2):
+            jobs = expert_jobs(bank, ids, weights, list(range(EXPERTS)), "bf16")
+            handle = pool.submit(x, jobs)
+            torch.testing.assert_close(handle.wait(), reference(x, w13, w2, ids, weights),
+                                       rtol=2e-3, atol=2e-3)  # fmt: skip
+        assert pool.stats.experts_inline == 4 and pool.stats.experts_in_pool == 0
+    assert handle.ran_on == {threading.current_thread().name}
+    warnings = [r for r in ft_log.records if "outside the pool" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "no float16 weights" in warnings[0].getMessage()
+
+
+def test_mixed_formats_in_one_call_are_refused():
+    hidden, inter = SHAPES[0]
+    bf16, _ = bank_for("bf16", torch.bfloat16, hidden, inter, seed=1)
+    int8, _ = bank_for("int8", None, hidden, inter, seed=1)
+    one = (torch.zeros(1, dtype=torch.long), torch.ones(1))
+    jobs = [ExpertJob({k: v[0] for k, v in bf16.items()}, *one, "bf16"),
+            ExpertJob({k: v[0] for k, v in int8.items()}, *one, "int8")]  # fmt: skip
+    with CpuMoeExecutor(threads=1) as pool:
+        with pytest.raises(ValueError, match="one expert format"):
+            pool.submit(torch.randn(1, hidden), jobs)
