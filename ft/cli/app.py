@@ -75,6 +75,7 @@ def _register() -> None:
         bench_bw,
         bench_cpu_moe,
         bench_decode,
+        bench_llamacpp,
         bench_serve,
         bisect,
         demo,
@@ -97,6 +98,7 @@ def _register() -> None:
     bench_cpu_moe.register(app)
     bench_serve.register(app)
     bench_decode.register(app)
+    bench_llamacpp.register(app)
     profile.register(app)
     demo.register(app)
 

@@ -1,0 +1,57 @@
+#!/bin/bash
+# ft beside llama.cpp on the GPU box, in two device calls of < 10 minutes each:
+#   bash scripts/llamacpp_h200.sh build    CUDA build of llama-bench + llama-quantize (sm_90),
+#                                          binaries back under $OUT as llamacpp-bin.tar.xz.*
+#   bash scripts/llamacpp_h200.sh measure  synth + convert + check + `ft bench llamacpp`,
+#                                          the table back under $OUT/llamacpp/
+# Inputs in .dev/ (ignored; name .dev in the call's carry): llama.cpp-src.tar.xz (from
+# shared/peers), for `measure` also the llamacpp-bin.tar.xz.* parts that `build` returned.
+# LAYERS (default 8) cuts qwen3-30b-a3b to fit the box's 64 GB disk beside its GGUFs; BUDGET
+# (GiB) keeps the full model's share of expert bytes on the GPU: at 24 GiB the 48-layer model
+# has 24 - 1 margin - 2.87 dense = 20.1 of 54 GiB of experts (37%) on the GPU; the 8-layer cut
+# has 1.44 GiB dense and 9 GiB of experts, so 1 + 1.44 + 0.37 * 9 = 5.8 GiB.
+set -u
+STEP=${1:?build or measure}
+LLAMA=/tmp/llama.cpp  # the same path in both calls: the binaries' rpath points into it
+LAYERS=${LAYERS:-8}
+BUDGET=${BUDGET:-5.8}
+T0=$(date +%s); stamp() { echo "== $(($(date +%s) - T0)) s: $*"; }
+mkdir -p "$LLAMA" && tar xJf .dev/llama.cpp-src.tar.xz -C /tmp || exit 1
+
+if [ "$STEP" = build ]; then
+  stamp configure
+  cmake -S $LLAMA -B $LLAMA/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF > /tmp/cmake.log 2>&1 || { tail -20 /tmp/cmake.log; exit 1; }
+  stamp build
+  timeout 500 cmake --build $LLAMA/build -j16 --target llama-bench llama-quantize \
+    > /tmp/build.log 2>&1; rc=$?
+  tail -3 /tmp/build.log
+  stamp "build exit $rc"
+  [ $rc = 0 ] || exit $rc
+  $LLAMA/build/bin/llama-bench --list-devices 2>&1 | tail -3
+  # the binaries, their shared libraries and the cache that names the source tree
+  tar cf - -C $LLAMA build/bin build/CMakeCache.txt | xz -T16 -3 | split -b 15M - $OUT/llamacpp-bin.tar.xz.
+  ls -la $OUT; stamp end
+  exit 0
+fi
+
+[ "$STEP" = measure ] || { echo "error: step is build or measure, not $STEP"; exit 1; }
+cat .dev/llamacpp-bin.tar.xz.* | xz -d | tar xf - -C $LLAMA || exit 1
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH FT_CACHE_DIR=/tmp/ftcache PYTHONUNBUFFERED=1
+nvidia-smi -L; df -h /tmp | tail -1
+# hybrid's auto fetch fraction comes from the box's recorded bandwidth profile
+mkdir -p $FT_CACHE_DIR && cp profiles/h200-xeon16-formats.json $FT_CACHE_DIR/benchbw.json
+stamp synth
+python3 -m ft model synth --preset qwen3-30b-a3b --layers "$LAYERS" --out /tmp/q-bf16 | tail -1
+python3 -m ft model synth --preset qwen3-30b-a3b --layers "$LAYERS" --expert-format int8 \
+  --out /tmp/q-int8 | tail -1
+stamp measure
+mkdir -p "$OUT/llamacpp"
+timeout 480 python3 -m ft bench llamacpp --build $LLAMA/build --model /tmp/q-bf16 \
+  --int8-model /tmp/q-int8 --gpu-memory-limit "$BUDGET" --device cuda --gguf-dir /tmp/gguf \
+  --out "$OUT/llamacpp" 2>&1 | tee "$OUT/llamacpp/log.txt"
+stamp end
