@@ -6,23 +6,31 @@
 #                                          the table back under $OUT/llamacpp/
 # Inputs in .dev/ (ignored; name .dev in the call's carry): llama.cpp-src.tar.xz (from
 # shared/peers), for `measure` also the llamacpp-bin.tar.xz.* parts that `build` returned.
+# INT8=1 adds ft int8 beside llama.cpp Q8_0 (a second synth and ~3 more minutes: run it when
+# the bf16 call's stamps leave room, or as a third call).
 # LAYERS (default 8) cuts qwen3-30b-a3b to fit the box's 64 GB disk beside its GGUFs; BUDGET
 # (GiB) keeps the full model's share of expert bytes on the GPU: at 24 GiB the 48-layer model
 # has 24 - 1 margin - 2.87 dense = 20.1 of 54 GiB of experts (37%) on the GPU; the 8-layer cut
 # has 1.44 GiB dense and 9 GiB of experts, so 1 + 1.44 + 0.37 * 9 = 5.8 GiB.
+# The build is estimated at 6-8 minutes on 16 cores (ggml-cuda's ~160 .cu files for sm_90 are
+# most of it); should it pass its 500 s, FA=OFF leaves out the flash-attention kernels (~80
+# files; at 64 tokens of context attention is a negligible share of a decode step).
 set -u
-STEP=${1:?build or measure}
+STEP=${1:-}
+case "$STEP" in build|measure) ;; *) echo "error: the step is build or measure, not '$STEP'"; exit 1;; esac
+[ -f .dev/llama.cpp-src.tar.xz ] || { echo "error: copy shared/peers/llama.cpp-src.tar.xz to .dev/ and carry .dev"; exit 1; }
 LLAMA=/tmp/llama.cpp  # the same path in both calls: the binaries' rpath points into it
 LAYERS=${LAYERS:-8}
 BUDGET=${BUDGET:-5.8}
+FA=${FA:-ON}
 T0=$(date +%s); stamp() { echo "== $(($(date +%s) - T0)) s: $*"; }
 mkdir -p "$LLAMA" && tar xJf .dev/llama.cpp-src.tar.xz -C /tmp || exit 1
 
 if [ "$STEP" = build ]; then
   stamp configure
   cmake -S $LLAMA -B $LLAMA/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DGGML_CUDA_FA=$FA -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF > /tmp/cmake.log 2>&1 || { tail -20 /tmp/cmake.log; exit 1; }
   stamp build
   timeout 500 cmake --build $LLAMA/build -j16 --target llama-bench llama-quantize \
@@ -37,7 +45,6 @@ if [ "$STEP" = build ]; then
   exit 0
 fi
 
-[ "$STEP" = measure ] || { echo "error: step is build or measure, not $STEP"; exit 1; }
 cat .dev/llamacpp-bin.tar.xz.* | xz -d | tar xf - -C $LLAMA || exit 1
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
@@ -47,11 +54,16 @@ nvidia-smi -L; df -h /tmp | tail -1
 mkdir -p $FT_CACHE_DIR && cp profiles/h200-xeon16-formats.json $FT_CACHE_DIR/benchbw.json
 stamp synth
 python3 -m ft model synth --preset qwen3-30b-a3b --layers "$LAYERS" --out /tmp/q-bf16 | tail -1
-python3 -m ft model synth --preset qwen3-30b-a3b --layers "$LAYERS" --expert-format int8 \
-  --out /tmp/q-int8 | tail -1
+INT8_FLAG=()
+if [ "${INT8:-0}" = 1 ]; then
+  python3 -m ft model synth --preset qwen3-30b-a3b --layers "$LAYERS" --expert-format int8 \
+    --out /tmp/q-int8 | tail -1
+  INT8_FLAG=(--int8-model /tmp/q-int8)
+fi
 stamp measure
 mkdir -p "$OUT/llamacpp"
-timeout 480 python3 -m ft bench llamacpp --build $LLAMA/build --model /tmp/q-bf16 \
-  --int8-model /tmp/q-int8 --gpu-memory-limit "$BUDGET" --device cuda --gguf-dir /tmp/gguf \
+# what is left of a 600 s call, less a margin: a run stopped early keeps the rows it measured
+timeout $((570 - $(date +%s) + T0)) python3 -m ft bench llamacpp --build $LLAMA/build --model /tmp/q-bf16 \
+  "${INT8_FLAG[@]}" --gpu-memory-limit "$BUDGET" --device cuda --gguf-dir /tmp/gguf \
   --out "$OUT/llamacpp" 2>&1 | tee "$OUT/llamacpp/log.txt"
 stamp end

@@ -60,18 +60,19 @@ class CompareConfig:
         return {"bf16": self.model, **({"int8": self.int8_model} if self.int8_model else {})}
 
 
-# (group, ft run's label, its extra `ft bench decode` flags, the llama.cpp placement it faces)
-# "best" faces the fastest placement measured for the budget.
-def ft_runs(budget: float | None) -> list[tuple[str, str, list[str], str]]:
-    runs = [("all on the GPU", "resident", ["--strategies", "resident"], "gpu")]
+# Each `ft bench decode` call: its flags, then per strategy it runs (group, label, the llama.cpp
+# placement it faces; "best": the fastest placement measured for the budget). Strategies of one
+# setting share a call, so the experts are loaded once for them.
+def ft_runs(budget: float | None) -> list[tuple[list[str], dict[str, tuple[str, str, str]]]]:
+    runs = [(["--strategies", "resident"], {"resident": ("all on the GPU", "resident", "gpu")})]
     if budget is None:
         return runs
-    limit = ["--gpu-memory-limit", f"{budget:g}"]
+    limit, group = ["--gpu-memory-limit", f"{budget:g}"], f"{budget:g} GiB budget"
     return runs + [
-        (f"{budget:g} GiB budget", "offload", ["--strategies", "offload", *limit], "best"),
-        (f"{budget:g} GiB budget", "hybrid", ["--strategies", "hybrid", *limit], "best"),
-        ("every expert on the CPU", "hybrid, fetch 0",
-         ["--strategies", "hybrid", "--moe-hybrid-max-fetch", "0", *limit], "exps-cpu"),
+        (["--strategies", "offload,hybrid", *limit],
+         {"offload": (group, "offload", "best"), "hybrid": (group, "hybrid", "best")}),
+        (["--strategies", "hybrid", "--moe-hybrid-max-fetch", "0", *limit],
+         {"hybrid": ("every expert on the CPU", "hybrid, fetch 0", "exps-cpu")}),
     ]  # fmt: skip
 
 
@@ -95,10 +96,12 @@ def run_compare(cfg: CompareConfig, log: Log = print, save=None) -> dict:
                               "placement": name, "args": args, "result": row,
                               "gguf_gib": sizes.total / llamacpp.GIB})  # fmt: skip
             _ = save and save(report(cfg, checks, peer_rows, ft_rows))
-        for group, label, flags, faces in ft_runs(cfg.budget_gib):
+        for flags, runs in ft_runs(cfg.budget_gib):
             log(f"ft bench decode --model {cfg.models[fmt]} {' '.join(flags)}")
-            row = _ft_bench(cfg, fmt, flags)
-            ft_rows.append({"format": fmt, "group": group, "run": label, "faces": faces, **row})
+            for strategy, row in _ft_bench(cfg, fmt, flags).items():
+                group, label, faces = runs[strategy]
+                ft_rows.append({"format": fmt, "group": group, "run": label, "faces": faces,
+                                **row})  # fmt: skip
             _ = save and save(report(cfg, checks, peer_rows, ft_rows))
     return report(cfg, checks, peer_rows, ft_rows)
 
@@ -151,13 +154,16 @@ def _ft_greedy(cfg: CompareConfig, prompt: list[int], log: Log) -> dict:
     return {"prompt": prompt, "ids": out["token_ids"]}
 
 
-def _ft_bench(cfg: CompareConfig, fmt: str, flags: list[str]) -> dict:
+def _ft_bench(cfg: CompareConfig, fmt: str, flags: list[str]) -> dict[str, dict]:
+    """strategy -> its row of one `ft bench decode` call."""
     out = _ft(cfg, fmt, "bench", "decode", *flags, "--tokens", str(cfg.tokens),
               "--warmup", str(cfg.warmup))  # fmt: skip
-    row = out["results"][0]
-    return {"tok_s": row.get("tok_s"), "error": row.get("error"), "flags": flags,
-            "cache_size": row.get("cache_size"), "device": out.get("device"),
-            "machine": out.get("machine")}  # fmt: skip
+    return {
+        row["strategy"]: {"tok_s": row.get("tok_s"), "error": row.get("error"), "flags": flags,
+                          "cache_size": row.get("cache_size"), "device": out.get("device"),
+                          "machine": out.get("machine")}
+        for row in out["results"]
+    }  # fmt: skip
 
 
 def report(cfg: CompareConfig, checks: list[dict], peer_rows: list[dict], ft_rows: list[dict]):

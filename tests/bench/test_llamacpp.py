@@ -156,3 +156,15 @@ def test_the_whole_run_on_the_cpu_with_a_real_build(tmp_path):
     assert {p["placement"] for p in rep["llamacpp"]} == {"gpu", "n-cpu-moe 0", "exps-cpu"}
     assert all(t["ft_tok_s"] > 0 and t["llamacpp_tok_s"] > 0 for t in rep["table"])
     assert (tmp_path / "out" / "llamacpp.md").read_text().startswith("| placement |")
+
+
+def test_the_ft_runs_are_resident_alone_or_three_calls_under_a_budget():
+    from ft.bench.llamacpp_compare import ft_runs
+
+    assert [flags for flags, _ in ft_runs(None)] == [["--strategies", "resident"]]
+    calls = ft_runs(5.8)
+    assert calls[1][0] == ["--strategies", "offload,hybrid", "--gpu-memory-limit", "5.8"]
+    assert calls[2][0][-4:] == ["--moe-hybrid-max-fetch", "0", "--gpu-memory-limit", "5.8"]
+    faces = {label: face for _, runs in calls for _, label, face in runs.values()}
+    assert faces == {"resident": "gpu", "offload": "best", "hybrid": "best",
+                     "hybrid, fetch 0": "exps-cpu"}  # fmt: skip

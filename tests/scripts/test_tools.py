@@ -42,3 +42,12 @@ def test_the_expert_kernel_bench_times_each_format_on_cuda():
         "--shapes", "qwen3-30b-a3b", "--iters", "5",
     )  # fmt: skip
     assert {r["fmt"] for r in rows} >= {"bf16", "nvfp4"}
+
+
+def test_the_h200_llamacpp_script_parses_and_refuses_an_unknown_step(tmp_path):
+    script = str(REPO_ROOT / "scripts" / "llamacpp_h200.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    proc = subprocess.run(["bash", script, "deploy"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and "the step is build or measure" in proc.stdout
+    proc = subprocess.run(["bash", script, "build"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and "llama.cpp-src.tar.xz" in proc.stdout
