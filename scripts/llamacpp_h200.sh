@@ -20,6 +20,8 @@ STEP=${1:-}
 case "$STEP" in build|measure) ;; *) echo "error: the step is build or measure, not '$STEP'"; exit 1;; esac
 [ -f .dev/llama.cpp-src.tar.xz ] || { echo "error: copy shared/peers/llama.cpp-src.tar.xz to .dev/ and carry .dev"; exit 1; }
 LLAMA=/tmp/llama.cpp  # the same path in both calls: the binaries' rpath points into it
+PRESET=${PRESET:-qwen3-30b-a3b}  # PRESET=tiny DEVICE=cpu BUDGET=2: a dry run of `measure` on a CPU
+DEVICE=${DEVICE:-cuda}
 LAYERS=${LAYERS:-8}
 BUDGET=${BUDGET:-5.8}
 FA=${FA:-ON}
@@ -39,9 +41,12 @@ if [ "$STEP" = build ]; then
   stamp "build exit $rc"
   [ $rc = 0 ] || exit $rc
   $LLAMA/build/bin/llama-bench --list-devices 2>&1 | tail -3
-  # the binaries, their shared libraries and the cache that names the source tree
-  tar cf - -C $LLAMA build/bin build/CMakeCache.txt | xz -T16 -3 | split -b 15M - $OUT/llamacpp-bin.tar.xz.
-  ls -la $OUT; stamp end
+  # the binaries, their shared libraries and the cache that names the source tree; what comes
+  # back is at most 8 files of 16 MiB, and the parts travel again in the next call's 64 MiB
+  strip --strip-unneeded $LLAMA/build/bin/llama-* $LLAMA/build/bin/lib*.so* 2>/dev/null
+  du -sh $LLAMA/build/bin
+  tar cf - -C $LLAMA build/bin build/CMakeCache.txt | xz -T16 -6 | split -b 15M - $OUT/llamacpp-bin.tar.xz.
+  ls -la $OUT; du -sh $OUT; stamp end
   exit 0
 fi
 
@@ -49,14 +54,14 @@ cat .dev/llamacpp-bin.tar.xz.* | xz -d | tar xf - -C $LLAMA || exit 1
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH FT_CACHE_DIR=/tmp/ftcache PYTHONUNBUFFERED=1
-nvidia-smi -L; df -h /tmp | tail -1
+nvidia-smi -L 2>/dev/null; df -h /tmp | tail -1
 # hybrid's auto fetch fraction comes from the box's recorded bandwidth profile
 mkdir -p $FT_CACHE_DIR && cp profiles/h200-xeon16-formats.json $FT_CACHE_DIR/benchbw.json
 stamp synth
-python3 -m ft model synth --preset qwen3-30b-a3b --layers "$LAYERS" --out /tmp/q-bf16 | tail -1
+python3 -m ft model synth --preset "$PRESET" --layers "$LAYERS" --out /tmp/q-bf16 | tail -1
 INT8_FLAG=()
 if [ "${INT8:-0}" = 1 ]; then
-  python3 -m ft model synth --preset qwen3-30b-a3b --layers "$LAYERS" --expert-format int8 \
+  python3 -m ft model synth --preset "$PRESET" --layers "$LAYERS" --expert-format int8 \
     --out /tmp/q-int8 | tail -1
   INT8_FLAG=(--int8-model /tmp/q-int8)
 fi
@@ -64,6 +69,6 @@ stamp measure
 mkdir -p "$OUT/llamacpp"
 # what is left of a 600 s call, less a margin: a run stopped early keeps the rows it measured
 timeout $((570 - $(date +%s) + T0)) python3 -m ft bench llamacpp --build $LLAMA/build --model /tmp/q-bf16 \
-  "${INT8_FLAG[@]}" --gpu-memory-limit "$BUDGET" --device cuda --gguf-dir /tmp/gguf \
+  "${INT8_FLAG[@]}" --gpu-memory-limit "$BUDGET" --device "$DEVICE" --gguf-dir /tmp/gguf \
   --out "$OUT/llamacpp" 2>&1 | tee "$OUT/llamacpp/log.txt"
 stamp end
