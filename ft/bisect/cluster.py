@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from ft.report import plural
 RAY_MISSING = "--ray needs Ray: pip install 'freetoken[ray]'"
 WAIT_S = 0.25  # how often a worker waiting on its node looks for Ctrl-C
 STOP_WAIT_S = 10.0  # how long a stopping worker gets to end its commands before it is killed
+START_S = 300.0  # how long a worker may wait for its node's resources (another job holds them)
 
 
 def require_ray() -> None:
@@ -75,12 +77,14 @@ class RayWorkers:
         self.ray, self.address, self.opts, self.log = ray, address, opts, log
         self.engine = opts.run is None
         self.jobs = opts.search.jobs
+        local = {"include_dashboard": False} if address == "local" else {}
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False, **local)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise FtError(f"cannot reach the Ray cluster at {address}: {first}") from None
         self._lock = threading.Lock()
+        self._moving = threading.RLock()  # two workers that lose nodes at once take two places
         self.nodes: dict[str, Node] = {}
         self.identities: dict[str, dict[str, Any]] = {}  # node key -> who measures there
         self.actors: dict[int, Any] = {}
@@ -160,7 +164,13 @@ class RayWorkers:
         )
         node = self.nodes[node_id]
         actor = cls.remote(node.key, worker, *self._args)
-        identity = self._call(actor, "identity")
+        identity = self._call(actor, "identity", deadline=time.monotonic() + START_S)
+        if identity is None:
+            self.ray.kill(actor, no_restart=True)
+            raise FtError(
+                f"worker {worker} found no room on node {node.key} for {START_S:g} s "
+                f"({self.per_job()}): does another job hold it?"
+            )
         with self._lock:
             self.actors[worker], self.where[worker] = actor, node_id
             self.keys[worker] = node.key
@@ -169,21 +179,22 @@ class RayWorkers:
     def move(self, worker: int, avoid: set[str] = frozenset()) -> str:  # type: ignore[assignment]
         """Start the worker again: on its node while that is up (and not avoided), else on the
         node with the most room. The new node's key, or FtError where none has room."""
-        old = self.where.get(worker)
-        self._refresh()
-        slots = [n for n in self._slots(exclude_worker=worker) if n not in avoid]
-        if not slots:
-            raise FtError(f"no other node of the cluster has room for worker {worker} "
-                          f"({self.per_job()})")  # fmt: skip
-        target = old if old in slots else slots[0]
-        self._kill(worker)
-        with self._lock:
-            self.where.pop(worker, None)
-        try:
-            self._start(worker, target)
-        except NodeLost:
-            return self.move(worker, avoid | {target})
-        return self.key(worker)
+        with self._moving:
+            old = self.where.get(worker)
+            self._refresh()
+            slots = [n for n in self._slots(exclude_worker=worker) if n not in avoid]
+            if not slots:
+                raise FtError(f"no other node of the cluster has room for worker {worker} "
+                              f"({self.per_job()})")  # fmt: skip
+            target = old if old in slots else slots[0]
+            self._kill(worker)
+            with self._lock:
+                self.where.pop(worker, None)
+            try:
+                self._start(worker, target)
+            except NodeLost:
+                return self.move(worker, avoid | {target})
+            return self.key(worker)
 
     def _kill(self, worker: int) -> None:
         actor = self.actors.pop(worker, None)
@@ -207,7 +218,15 @@ class RayWorkers:
             except NodeLost:
                 pass  # nothing left there to release
 
-    def _call(self, actor: Any, method: str, *args: Any, stop: threading.Event | None = None):
+    def _call(
+        self,
+        actor: Any,
+        method: str,
+        *args: Any,
+        stop: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> Any:
+        """The call's result; Interrupted once `stop` is set; None past `deadline`."""
         from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
         ref = getattr(actor, method).remote(*args)
@@ -217,6 +236,8 @@ class RayWorkers:
             except GetTimeoutError:
                 if stop is not None and stop.is_set():
                     raise Interrupted from None
+                if deadline is not None and time.monotonic() > deadline:
+                    return None
             except RayTaskError as exc:  # ft's own code failed there: a bug, shown as one
                 raise exc.as_instanceof_cause() from None
             except RayError as exc:  # the actor or its node is gone
@@ -328,6 +349,8 @@ class RayMeasurer(Measurer):
             try:
                 got = self.workers.measure(worker, sha, tree, self.stop)
             except NodeLost as exc:
+                if self.stop.is_set():  # Ctrl-C ended the workers: nothing was lost
+                    raise Interrupted from None
                 lost = self.workers.key(worker)
                 gone = self.workers.node_id(worker)
                 self.log(f"worker {worker}: node {lost} lost while measuring {sha[:10]} "
