@@ -116,8 +116,7 @@ class RayWorkers:
                 f"--jobs {self.jobs} needs room for {plural(self.jobs, 'measurement')}; the "
                 f"cluster at {self.address} has room for {len(slots)} ({self.per_job()} each)"
             )
-        for worker in range(self.jobs):
-            self._start(worker, slots[worker])
+        self._start({worker: slots[worker] for worker in range(self.jobs)})
 
     # --- where workers go -------------------------------------------------------------------
     def per_job(self) -> str:
@@ -149,32 +148,36 @@ class RayWorkers:
             slots += [n.node_id for n in nodes if free[n.node_id] > turn]
         return slots
 
-    def _start(self, worker: int, node_id: str) -> None:
+    def _start(self, places: dict[int, str]) -> None:
+        """Start workers on nodes (worker -> node id), all at once: each is a new process."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from ft.bisect.ray_node import NodeWorker
 
         resources = {"num_gpus": 1, "num_cpus": 0} if self.engine else {
             "num_cpus": self.opts.cpus_per_job}  # fmt: skip
-        cls = self.ray.remote(NodeWorker).options(
-            **resources,
-            max_restarts=0,
-            max_concurrency=2,  # stop() runs beside a measurement
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        )
-        node = self.nodes[node_id]
-        actor = cls.remote(node.key, worker, *self._args)
-        identity = self._call(actor, "identity", deadline=time.monotonic() + START_S)
-        if identity is None:
-            self.ray.kill(actor, no_restart=True)
-            raise FtError(
-                f"worker {worker} found no room on node {node.key} for {START_S:g} s "
-                f"({self.per_job()}): does another job hold it?"
+        actors = {}
+        for worker, node_id in places.items():
+            cls = self.ray.remote(NodeWorker).options(
+                **resources,
+                max_restarts=0,
+                max_concurrency=2,  # stop() runs beside a measurement
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             )
-        with self._lock:
-            self.actors[worker], self.where[worker] = actor, node_id
-            self.keys[worker] = node.key
-            self.identities[node.key] = {"key": node.key, **identity}
+            actors[worker] = cls.remote(self.nodes[node_id].key, worker, *self._args)
+        deadline = time.monotonic() + START_S
+        for worker, actor in actors.items():
+            node = self.nodes[places[worker]]
+            identity = self._call(actor, "identity", deadline=deadline)
+            if identity is None:
+                raise FtError(
+                    f"worker {worker} found no room on node {node.key} for {START_S:g} s "
+                    f"({self.per_job()}): does another job hold it?"
+                )
+            with self._lock:
+                self.actors[worker], self.where[worker] = actor, node.node_id
+                self.keys[worker] = node.key
+                self.identities[node.key] = {"key": node.key, **identity}
 
     def move(self, worker: int, avoid: set[str] = frozenset()) -> str:  # type: ignore[assignment]
         """Start the worker again: on its node while that is up (and not avoided), else on the
@@ -191,7 +194,7 @@ class RayWorkers:
             with self._lock:
                 self.where.pop(worker, None)
             try:
-                self._start(worker, target)
+                self._start({worker: target})
             except NodeLost:
                 return self.move(worker, avoid | {target})
             return self.key(worker)
