@@ -40,12 +40,28 @@ from ft.report import plural
 RAY_MISSING = "--ray needs Ray: pip install 'freetoken[ray]'"
 WAIT_S = 0.25  # how often a worker waiting on its node looks for Ctrl-C
 STOP_WAIT_S = 10.0  # how long a stopping worker gets to end its commands before it is killed
+CONNECT_S = 10.0  # how long the cluster's address may take to answer at all
 START_S = 300.0  # how long a worker may wait for its node's resources (another job holds them)
 
 
 def require_ray() -> None:
     if importlib.util.find_spec("ray") is None:
         raise FtError(RAY_MISSING)
+
+
+def check_reachable(address: str) -> None:
+    """A `host:port` or `ray://host:port` where nothing answers is an error at once (ray.init
+    would retry for minutes); `local` and `auto` are Ray's to resolve."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if address in ("local", "auto") or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_S).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise FtError(f"cannot reach the Ray cluster at {address}: {why}") from None
 
 
 class NodeLost(Exception):
@@ -78,6 +94,7 @@ class RayWorkers:
         self.engine = opts.run is None
         self.jobs = opts.search.jobs
         local = {"include_dashboard": False} if address == "local" else {}
+        check_reachable(address)
         try:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False, **local)
         except (ConnectionError, ValueError, RuntimeError) as exc:
