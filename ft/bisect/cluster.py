@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -91,7 +92,7 @@ class RayWorkers:
         import ray
 
         self.ray, self.address, self.opts, self.log = ray, address, opts, log
-        self.engine = opts.run is None
+        self.gpus = opts.run is None  # engine mode: a GPU a measurement, where there are any
         self.jobs = opts.search.jobs
         local = {"include_dashboard": False} if address == "local" else {}
         check_reachable(address)
@@ -116,6 +117,9 @@ class RayWorkers:
     def _place(self, scratch: Scratch, stack: PatchStack, shas: list[str]) -> None:
         ray = self.ray
         self._refresh()
+        if self.gpus and not any(self.nodes[i].resources.get("GPU") for i in self.alive):
+            self.gpus = False  # a CPU cluster: the engine runs on --cpus-per-job CPUs
+            self.log(f"the cluster has no GPU: each measurement holds {self.per_job()}")
         bundle = scratch.bundle(shas, scratch.root / "ray" / "range.bundle")
         data = bundle.read_bytes()
         self.bundle_bytes = len(data)
@@ -126,6 +130,7 @@ class RayWorkers:
             stack.picks,
             [(p.name, p.read_bytes()) for p in stack.patches],
             self.opts,
+            os.environ.get("OMP_NUM_THREADS"),
         )
         slots = self._slots()
         if len(slots) < self.jobs:
@@ -138,10 +143,10 @@ class RayWorkers:
     # --- where workers go -------------------------------------------------------------------
     def per_job(self) -> str:
         cpus = self.opts.cpus_per_job
-        return "1 GPU" if self.engine else plural(int(cpus) if cpus == int(cpus) else cpus, "CPU")
+        return "1 GPU" if self.gpus else plural(int(cpus) if cpus == int(cpus) else cpus, "CPU")
 
     def _capacity(self, node: Node) -> int:
-        if self.engine:
+        if self.gpus:
             return int(node.resources.get("GPU", 0))
         return int(node.resources.get("CPU", 0) // self.opts.cpus_per_job)
 
@@ -171,7 +176,7 @@ class RayWorkers:
 
         from ft.bisect.ray_node import NodeWorker
 
-        resources = {"num_gpus": 1, "num_cpus": 0} if self.engine else {
+        resources = {"num_gpus": 1, "num_cpus": 0} if self.gpus else {
             "num_cpus": self.opts.cpus_per_job}  # fmt: skip
         actors = {}
         for worker, node_id in places.items():

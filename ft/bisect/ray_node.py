@@ -88,10 +88,15 @@ class NodeWorker:
         picks: tuple[str, ...],
         patches: list[tuple[str, bytes]],
         opts: Any,  # driver.BisectOptions
+        omp_threads: str | None,  # the driver's OMP_NUM_THREADS
     ):
         from ft.bisect.driver import make_judge
 
         self.worker = worker
+        # Ray sets OMP_NUM_THREADS to the CPUs an actor holds (1 for a GPU worker): right for a
+        # --run command held to --cpus-per-job, wrong for a server that is measured as the
+        # user runs it. Engine mode gets what the driver has, or nothing.
+        self.omp_threads = omp_threads if opts.run is None else os.environ.get("OMP_NUM_THREADS")
         root = settings.cache_dir() / "bisect" / "ray" / _safe(node)
         repo = root / "repos" / f"{digest}.git"
         run = root / "runs" / digest
@@ -132,6 +137,9 @@ class NodeWorker:
         if isinstance(python, Skip):
             return {"skip": python.reason, "install": True}
         env = dict(os.environ, FT_BISECT_COMMIT=sha, FT_BISECT_WORKER=str(self.worker))
+        env.pop("OMP_NUM_THREADS", None)
+        if self.omp_threads is not None:
+            env["OMP_NUM_THREADS"] = self.omp_threads
         start = time.monotonic()
         value = self.judge.measure(path, env)
         if isinstance(value, Skip):
