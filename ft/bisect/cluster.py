@@ -126,6 +126,8 @@ class RayWorkers:
         self._args = (
             ray.put(data),
             hashlib.sha256("\n".join(shas).encode()).hexdigest()[:12],
+            # this run's trees: apart from another driver's run (its out dir) or patch stack
+            hashlib.sha256(f"{scratch.root.resolve()} {stack.digest()}".encode()).hexdigest()[:12],
             shas[0],
             stack.picks,
             [(p.name, p.read_bytes()) for p in stack.patches],

@@ -7,7 +7,7 @@ worker does. The code comes from the driver as a git bundle through Ray's object
 needs no access to the user's repository; everything it builds stays in a per-node cache:
 
     $FT_CACHE_DIR/bisect/ray/NODE/repos/BUNDLE-DIGEST.git   the bundle, cloned once per node
-    $FT_CACHE_DIR/bisect/ray/NODE/runs/BUNDLE-DIGEST/       worktrees w{worker}-{tree}, patches
+    $FT_CACHE_DIR/bisect/ray/NODE/runs/RUN/                 a run's worktrees and patches
     $FT_CACHE_DIR/bisect/ray/NODE/envs/KEY/                 environments keyed as locally
 
 This module imports no Ray at the top: the driver wraps `NodeWorker` with `ray.remote`.
@@ -84,6 +84,7 @@ class NodeWorker:
         worker: int,
         bundle: bytes,
         digest: str,
+        run_key: str,
         base: str,
         picks: tuple[str, ...],
         patches: list[tuple[str, bytes]],
@@ -99,7 +100,7 @@ class NodeWorker:
         self.omp_threads = omp_threads if opts.run is None else os.environ.get("OMP_NUM_THREADS")
         root = settings.cache_dir() / "bisect" / "ray" / _safe(node)
         repo = root / "repos" / f"{digest}.git"
-        run = root / "runs" / digest
+        run = root / "runs" / run_key
         with _locked(root / "lock"):
             if not (repo / "HEAD").exists():
                 path = root / "repos" / f"{digest}.bundle"
