@@ -110,7 +110,8 @@ def bisect(
     scratch = Scratch(user, out, good)
     workers, measurer = None, None
     if opts.ray:
-        from ft.bisect.cluster import RayMeasurer, RayWorkers
+        from ft.bisect.cluster import RayWorkers
+        from ft.bisect.ray_measure import RayMeasurer
 
         log(f"connecting to Ray at {opts.ray}")
         workers = RayWorkers(opts.ray, opts, scratch, stack, [good, bad, *picks], log)

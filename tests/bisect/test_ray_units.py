@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ft.bisect.cluster import NodeLost, RayMeasurer
+from ft.bisect.cluster import NodeLost
 from ft.bisect.gitrepo import PatchStack
+from ft.bisect.ray_measure import RayMeasurer
 from ft.bisect.store import SampleStore
 from ft.errors import FtError
 
