@@ -49,6 +49,8 @@ class BisectOptions:
     search: BisectConfig = BisectConfig()
     engine: EngineOptions = EngineOptions()
     out: str | None = None
+    ray: str | None = None  # a Ray address (`local`, `auto`, `ray://host:10001`, `host:6379`)
+    cpus_per_job: float = 1.0  # --run under --ray: the CPUs one measurement holds
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -88,6 +90,12 @@ def bisect(
     patch_files = [Path(p).expanduser().resolve() for p in opts.patches]
     if missing := [str(p) for p in patch_files if not p.is_file()]:
         raise FtError(f"--patch file not found: {missing[0]}")
+    if opts.ray:
+        from ft.bisect.cluster import require_ray
+
+        require_ray()
+        if opts.cpus_per_job <= 0:
+            raise FtError("--cpus-per-job must be above 0")
     judge = judge or make_judge(opts)
     out = Path(opts.out) if opts.out else default_out(user, good, bad)
     _save_run(opts, out)
@@ -99,14 +107,30 @@ def bisect(
 
     between = plural(len(commits) - 2, "commit")
     log(f"{between} between {good[:10]} and {bad[:10]}; state in {out}")
-    if warning := interference(opts.search.jobs, engine=opts.run is None):
+    scratch = Scratch(user, out, good)
+    workers, measurer = None, None
+    if opts.ray:
+        from ft.bisect.cluster import RayWorkers
+        from ft.bisect.ray_measure import RayMeasurer
+
+        log(f"connecting to Ray at {opts.ray}")
+        workers = RayWorkers(opts.ray, opts, scratch, stack, [good, bad, *picks], log)
+        measurer = RayMeasurer(workers, judge, store, log, opts.search.jobs)
+        log(cluster_line(workers.describe()))
+        gpus = None
+    elif warning := interference(opts.search.jobs, engine=opts.run is None):
         log(f"warning: {warning}")
     bisector = Bisector(
-        commits, Scratch(user, out, good), stack, judge, store, opts.search, log, gpus
+        commits, scratch, stack, judge, store, opts.search, log, gpus, measurer=measurer
     )
-    result = bisector.run()
+    try:
+        result = bisector.run()
+        cluster = workers.describe() if workers else None
+    finally:
+        if workers:
+            workers.shutdown()
     settings_json = {**dataclasses.asdict(opts.search), "picks": list(picks), "gpus": gpus}
-    rep = report.build(result, user, store, settings_json)
+    rep = report.build(result, user, store, settings_json, cluster)
     rep["out"] = str(out)
     report.write(rep, out)
     if result.outcome == Outcome.ABORTED:
@@ -114,7 +138,18 @@ def bisect(
     return rep
 
 
-def make_judge(opts: BisectOptions) -> Judge:
+def cluster_line(cluster: dict[str, Any]) -> str:
+    """The cluster in one line: Ray's version, its nodes and GPUs, where the workers are."""
+    alive = [n for n in cluster["nodes"] if n["alive"]]
+    where = ", ".join(f"{w}@{k}" for w, k in cluster["workers"].items())
+    return (
+        f"Ray {cluster['ray']} at {cluster['address']}: {plural(len(alive), 'node')}, "
+        f"{plural(int(cluster['gpus']), 'GPU')}; workers {where} ({cluster['per_job']} each)"
+    )
+
+
+def make_judge(opts: BisectOptions, cache: Path | None = None) -> Judge:
+    """The judge the options name; `cache`: where engine mode keeps its environments."""
     if opts.run:
         return RunCommandJudge(opts.run, opts.metric, opts.timeout_s)
     import importlib.util
@@ -123,7 +158,7 @@ def make_judge(opts: BisectOptions) -> Judge:
 
     if importlib.util.find_spec("ft.bench.workload") is None:
         raise FtError("engine mode needs the workload client (ft/bench/workload.py); use --run")
-    return EngineJudge(opts.engine, cache=settings.cache_dir() / "bisect" / "envs")
+    return EngineJudge(opts.engine, cache=cache or settings.cache_dir() / "bisect" / "envs")
 
 
 def default_out(user: UserRepo, good: str, bad: str) -> Path:

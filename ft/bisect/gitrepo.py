@@ -37,6 +37,13 @@ class UserRepo:
             raise FtError(f"{path} is not a git repository") from None
         self.path = Path(self.repo.working_tree_dir or self.repo.git_dir)
 
+    @staticmethod
+    def clone_bundle(bundle: Path, dst: Path) -> None:
+        """A bare repository made from a git bundle (a Ray node's copy of the range), every
+        ref of the bundle kept (a clone would keep only its branches)."""
+        repo = git.Repo.init(str(dst), bare=True)
+        repo.git.fetch("--quiet", str(bundle), "refs/*:refs/*")
+
     def resolve(self, rev: str) -> str:
         try:
             return self.repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}")
@@ -128,6 +135,16 @@ class Scratch:
         else:
             src = user.repo.git_dir if user.repo.bare else user.path
             self.clone = git.Repo.clone_from(str(src), clone_dir, shared=True, bare=True)
+
+    def bundle(self, shas: list[str], path: Path) -> Path:
+        """A git bundle holding these commits and their history: what a Ray node checks out.
+        Refs of their own name them (a bundle carries refs, not bare hashes)."""
+        refs = [f"refs/ft-bisect/{k}" for k in range(len(shas))]
+        for ref, sha in zip(refs, shas, strict=True):
+            self.clone.git.update_ref(ref, sha)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.clone.git.bundle("create", str(path), *refs)
+        return path
 
     def worktree(self, slot: int | str) -> Path:
         path = self.root / "worktrees" / f"w{slot}"

@@ -57,8 +57,18 @@ class Measurer:
         return self.gpus[worker % len(self.gpus)] if self.gpus else None
 
     def values(self, sha: str, phase: str, worker: int | None = None) -> list[float]:
-        """Samples taken under this run's conditions (its --jobs), of one worker or all."""
-        return self.store.values(sha, phase, worker=worker, jobs=self.jobs)
+        """Samples taken under this run's conditions (its --jobs, on this box), of one worker
+        or all."""
+        return self.store.values(sha, phase, worker=worker, jobs=self.jobs, node=None)
+
+    def groups(self, a: str, b: str, phase: str) -> list[tuple[list[float], list[float]]]:
+        """The samples of two commits, condition by condition (a worker here, a node under
+        --ray)."""
+        return [(self.values(a, phase, w), self.values(b, phase, w)) for w in range(self.jobs)]
+
+    def expect_endpoints(self, good: str, bad: str, n: int) -> None:
+        """How many endpoint samples a worker's comparisons rest on now: where a worker can
+        move (under --ray, off a node that was lost), it measures them again where it lands."""
 
     def ensure(self, sha: str, n: int, phase: str, worker: int, tree: int = 0) -> None:
         """At least n samples of this phase by this worker, or a recorded skip."""

@@ -14,13 +14,19 @@ from ft.bisect.store import SampleStore
 from ft.bisect.verdict import Outcome
 from ft.report import code_block, details, md_table, write_json_atomic, write_text_atomic
 
-REPORT_VERSION = 2  # 2: exit_code and suspect added; a row's n counts confirmation samples too
+REPORT_VERSION = 3  # 2: exit_code and suspect; 3: cluster, nodes and rows' nodes (--ray)
+NODE_MARKERS = "osv^<>Dph*"  # a marker per Ray node in the plot
 COLORS = {"good": "tab:green", "bad": "tab:red", "unknown": "tab:orange", "skip": "tab:gray"}
 
 
 def build(
-    result: BisectResult, repo: UserRepo, store: SampleStore, settings: dict[str, Any]
+    result: BisectResult,
+    repo: UserRepo,
+    store: SampleStore,
+    settings: dict[str, Any],
+    cluster: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`cluster`: the Ray cluster that measured (RayWorkers.describe), if one did."""
     states, jobs = result.states, settings.get("jobs", 1)
     narrowed = result.hi - result.lo == 1 and result.confirmation is not None
     suspect = _commit(repo, states[result.hi].sha) if narrowed else None
@@ -49,6 +55,8 @@ def build(
         if conf is None
         else {"confirmed": conf.confirmed, "note": conf.note, "effect": _effect(conf.effect)},
         "samples_taken": result.taken,
+        "cluster": cluster,
+        "nodes": _nodes(store, states[0].sha, states[-1].sha, jobs) if cluster else None,
         "commits": [
             _row(i, repo, store, result, jobs)
             for i, s in enumerate(states)
@@ -83,8 +91,38 @@ def _row(
         "reason": state.reason,
         "applied": rec["applied"],
         "facts": rec.get("facts", {}),
+        "nodes": _by_node(rec["samples"], jobs),
         "samples": rec["samples"],
     }
+
+
+def _by_node(samples: list[dict[str, Any]], jobs: int) -> dict[str, Any]:
+    """Median and n of a commit's samples on each Ray node (empty without --ray)."""
+    values: dict[str, list[float]] = {}
+    for s in samples:
+        if s.get("node") and s["jobs"] == jobs:
+            values.setdefault(s["node"], []).append(s["value"])
+    return {k: {"median": median(v), "n": len(v)} for k, v in sorted(values.items())}
+
+
+def _nodes(store: SampleStore, good: str, bad: str, jobs: int) -> list[dict[str, Any]]:
+    """Each node's own endpoints: what its commits were compared with."""
+    g = _by_node(store.record(good)["samples"], jobs)
+    b = _by_node(store.record(bad)["samples"], jobs)
+    who = {**store.record(good)["nodes"], **store.record(bad)["nodes"]}
+    return [
+        {
+            "key": k,
+            "host": who.get(k, {}).get("host"),
+            "gpu": who.get(k, {}).get("gpu"),
+            "cpu": who.get(k, {}).get("cpu"),
+            "good": g.get(k, {}).get("median"),
+            "bad": b.get(k, {}).get("median"),
+            "n_good": g.get(k, {}).get("n", 0),
+            "n_bad": b.get(k, {}).get("n", 0),
+        }
+        for k in sorted({*g, *b})
+    ]
 
 
 def _effect(eff: Effect | None) -> dict[str, Any] | None:
@@ -125,9 +163,41 @@ def markdown(rep: dict[str, Any]) -> str:
     ]
     table = md_table(["#", "commit", "subject", "median", "IQR", "n", "verdict", "note"], rows)
     parts += [table, "", "n: every sample of the commit, the search's and the confirmation's."]
+    parts += _cluster(rep)
     parts += ["", details("how it was measured", code_block(_how(rep), "json"))]
     parts.append(f"\nPlot: `plot.png` beside this report. {rep['samples_taken']} samples taken.")
     return "\n".join(parts) + "\n"
+
+
+def _cluster(rep: dict[str, Any]) -> list[str]:
+    """Under --ray: the cluster, and each node's own endpoints and commits."""
+    cluster = rep.get("cluster")
+    if not cluster:
+        return []
+    alive = [n for n in cluster["nodes"] if n["alive"]]
+    head = (
+        f"Measured on a Ray {cluster['ray']} cluster ({cluster['address']}): "
+        f"{len(alive)} nodes, {cluster['gpus']:g} GPUs, {cluster['per_job']} per measurement. "
+        "Each commit is compared only with the endpoints measured on its own node:"
+    )
+    commits = {
+        n["key"]: ", ".join(
+            f"`{r['sha'][:7]}`" for r in rep["commits"] if n["key"] in r["nodes"] and
+            r["sha"] not in (rep["range"]["good"], rep["range"]["bad"])
+        )
+        for n in rep["nodes"]
+    }  # fmt: skip
+    rows = [
+        [n["key"], n["gpu"] or "", (n["cpu"] or "")[:40], _num(n["good"]), n["n_good"],
+         _num(n["bad"]), n["n_bad"], commits[n["key"]]]
+        for n in rep["nodes"]
+    ]  # fmt: skip
+    headers = ["node", "GPU", "CPU", "GOOD median", "n", "BAD median", "n", "commits measured"]
+    return ["", head, "", md_table(headers, rows)]
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.4g}"
 
 
 def figure_name(measure: dict[str, Any]) -> str:
@@ -169,20 +239,31 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     jobs = rep["settings"].get("jobs", 1)
+    nodes = [n["key"] for n in rep.get("nodes") or []]
+    marks = {k: NODE_MARKERS[i % len(NODE_MARKERS)] for i, k in enumerate(nodes)}
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * rep["range"]["commits"]), 4))
     for r in rep["commits"]:
         color = COLORS.get(r["verdict"] or "", "black")
-        for phase, dx, marker, fill in (("search", 0, "o", color), ("confirm", 0.2, "D", "none")):
-            ys = [s["value"] for s in r["samples"] if s["phase"] == phase and s["jobs"] == jobs]
-            ax.scatter([r["index"] + dx] * len(ys), ys, s=14, alpha=0.6, marker=marker,
-                       edgecolors=color, facecolors=fill)  # fmt: skip
+        for phase, dx, fill in (("search", 0, color), ("confirm", 0.2, "none")):
+            for node in nodes or [None]:  # a marker per node: their figures may differ
+                marker = marks[node] if node else ("o" if phase == "search" else "D")
+                ys = [s["value"] for s in r["samples"] if s["phase"] == phase
+                      and s["jobs"] == jobs and s.get("node") == node]  # fmt: skip
+                ax.scatter([r["index"] + dx] * len(ys), ys, s=14, alpha=0.6, marker=marker,
+                           edgecolors=color, facecolors=fill)  # fmt: skip
         if r["median"] is not None:
             ax.scatter([r["index"]], [r["median"]], marker="_", s=300, color=color)
     cands = [r["index"] for r in rep["candidates"]]
     if cands:
         ax.axvspan(min(cands) - 0.5, max(cands) + 0.5, color="tab:red", alpha=0.1)
-    ax.scatter([], [], marker="o", color="gray", label="search sample")
-    ax.scatter([], [], marker="D", facecolors="none", edgecolors="gray", label="confirmation")
+    if nodes:
+        for node in nodes:
+            ax.scatter([], [], marker=marks[node], color="gray", label=f"node {node}")
+        ax.scatter([], [], marker="o", facecolors="none", edgecolors="gray",
+                   label="open: confirmation")  # fmt: skip
+    else:
+        ax.scatter([], [], marker="o", color="gray", label="search sample")
+        ax.scatter([], [], marker="D", facecolors="none", edgecolors="gray", label="confirmation")
     ax.legend(fontsize=7, loc="best")
     ax.set_xticks([r["index"] for r in rep["commits"]])
     ax.set_xticklabels([r["sha"][:7] for r in rep["commits"]], rotation=60, fontsize=7)

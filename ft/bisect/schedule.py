@@ -26,6 +26,7 @@ each endpoint (or each commit of a confirmation pair), so alternating checks not
 
 from __future__ import annotations
 
+import statistics
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -65,6 +66,7 @@ class Scheduler:
         """n samples of each endpoint on every worker, alternating (odd workers start with BAD,
         so each endpoint is measured beside the other as much as beside itself)."""
         block = n if self.measurer.keeps_state else 1
+        self.measurer.expect_endpoints(self.good, self.bad, n)
 
         def task(worker: int) -> None:
             ends = [(self.good, OLDER), (self.bad, NEWER)][:: 1 if worker % 2 == 0 else -1]
@@ -106,6 +108,24 @@ class Scheduler:
 
         self.run_round([task] * self.jobs, keep_load=False)
         return failed[0] if failed else None
+
+    def confirm_samples(self, before: str, after: str) -> tuple[list[float], list[float]]:
+        """The confirmation samples of the two commits, comparable across workers: each
+        worker's (each node's) scaled by the median of its own samples of both, times the
+        median of all of them. Raw figures of unlike workers are never pooled; with one
+        worker the samples are returned as they are."""
+        groups = [(b, a) for b, a in self.measurer.groups(before, after, "confirm") if b or a]
+        if len(groups) <= 1:
+            return groups[0] if groups else ([], [])
+        overall = statistics.median([x for b, a in groups for x in (*b, *a)])
+        scaled_b: list[float] = []
+        scaled_a: list[float] = []
+        for b, a in groups:
+            own = statistics.median([*b, *a])
+            scale = overall / own if own else 1.0
+            scaled_b += [x * scale for x in b]
+            scaled_a += [x * scale for x in a]
+        return scaled_b, scaled_a
 
     def run_round(self, tasks: list[Task], keep_load: bool = True) -> None:
         """Task k on worker k, all at once; with keep_load, every other worker takes endpoint

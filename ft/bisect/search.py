@@ -78,10 +78,11 @@ class Bisector:
         config: BisectConfig,
         log: Callable[[str], None] = lambda msg: None,
         gpus: list[str] | None = None,
+        measurer: Measurer | None = None,
     ):
         self.states = [CommitState(sha) for sha in commits]
         self.cfg, self.store, self.log = config, store, log
-        self.measurer = Measurer(scratch, stack, judge, store, log, gpus, config.jobs)
+        self.measurer = measurer or Measurer(scratch, stack, judge, store, log, gpus, config.jobs)
         self.schedule = Scheduler(self.measurer, commits[0], commits[-1], config.jobs, log)
 
     # --- the endpoints (mozregression: check both ends before anything else) ---------------
@@ -229,8 +230,7 @@ class Bisector:
             failed = self.schedule.confirm(before, after, target)
             if failed:
                 return Confirmation(False, None, f"could not re-measure {failed}")
-            b = self.schedule.values(before, "confirm")
-            a = self.schedule.values(after, "confirm")
+            b, a = self.schedule.confirm_samples(before, after)
             eff = effect(b, a)
             worse = (eff.delta > 0) == (direction == "higher")
             samples = f"{len(b)}+{len(a)} fresh interleaved samples"

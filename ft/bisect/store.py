@@ -24,7 +24,9 @@ from ft import __version__, cpuinfo
 from ft.bisect.gitrepo import PatchStack
 from ft.report import write_json_atomic
 
-RECORD_VERSION = 2  # 2: samples carry `jobs`
+RECORD_VERSION = 3  # 2: samples carry `jobs`; 3: `node` (--ray) and the record's `nodes`
+READABLE = (2, 3)  # a version 2 record is a version 3 one whose samples have no node
+ANY: Any = object()  # a filter that matches every value, None included
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -51,6 +53,7 @@ class Sample:
     gpu: str | None  # CUDA_VISIBLE_DEVICES the worker ran with
     seconds: float
     jobs: int = 1  # measurements running at once on the box when this one was taken
+    node: str | None = None  # the Ray node that took it (--ray; the record's `nodes` say more)
 
 
 class SampleStore:
@@ -74,8 +77,10 @@ class SampleStore:
         if commit not in self._records:
             path = self._path(commit)
             rec = json.loads(path.read_text()) if path.exists() else None
-            if not rec or rec.get("version") != RECORD_VERSION:
+            if not rec or rec.get("version") not in READABLE:
                 rec = self._fresh(commit)
+            rec["version"] = RECORD_VERSION
+            rec.setdefault("nodes", {})
             self._records[commit] = rec
         return self._records[commit]
 
@@ -91,6 +96,7 @@ class SampleStore:
             "applied": [],
             "facts": {},
             "samples": [],
+            "nodes": {},
             "skip": None,
         }
 
@@ -100,26 +106,41 @@ class SampleStore:
         phase: str | None = None,
         worker: int | None = None,
         jobs: int | None = None,
+        node: str | None = ANY,
     ) -> list[float]:
-        """The sample values of a commit; None matches any phase, worker or --jobs."""
+        """The sample values of a commit; None matches any phase, worker or --jobs; `node`
+        matches exactly (None: samples taken without --ray) unless it is ANY."""
         wanted = {"phase": phase, "worker": worker, "jobs": jobs}
         return [
             s["value"]
-            for s in self.record(commit)["samples"]
+            for s in self.samples(commit, node)
             if all(want is None or s[key] == want for key, want in wanted.items())
         ]
+
+    def samples(self, commit: str, node: str | None = ANY) -> list[dict[str, Any]]:
+        return [s for s in self.record(commit)["samples"] if node is ANY or s.get("node") == node]
 
     def skip_reason(self, commit: str) -> str | None:
         skip = self.record(commit)["skip"]
         return skip["reason"] if skip else None
 
-    def add(self, commit: str, sample: Sample, applied: list[str], facts: dict) -> None:
+    def add(
+        self,
+        commit: str,
+        sample: Sample,
+        applied: list[str],
+        facts: dict,
+        node: dict[str, Any] | None = None,
+    ) -> None:
         """One more sample; `applied` (the patch stack's notes) and `facts` (what the judge
-        saw, e.g. the server's startup lines) describe the checkout it was taken on."""
+        saw, e.g. the server's startup lines) describe the checkout it was taken on, `node`
+        the Ray node that took it (host, GPU, CPU)."""
         entry = {**sample.__dict__, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
         def change(rec: dict[str, Any]) -> None:
             rec["samples"].append(entry)
+            if node is not None and sample.node is not None:
+                rec["nodes"][sample.node] = node
             rec["applied"] = applied
             rec["facts"] = facts or rec.get("facts", {})
 

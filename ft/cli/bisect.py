@@ -99,6 +99,25 @@ def bisect_cmd(
             rich_help_panel=_ENGINE,
         ),
     ] = "e2e_decode_tok_s",  # fmt: skip
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Measure on a Ray cluster: `local` (start one here), `auto`, "
+            "`ray://host:10001` or `host:6379`; --jobs is then the measurements in flight "
+            "across it, and each node is compared only with itself (needs freetoken[ray]).",
+            rich_help_panel="Ray",
+        ),
+    ] = None,
+    cpus_per_job: Annotated[
+        float,
+        typer.Option(
+            "--cpus-per-job",
+            help="With --ray and --run: the CPUs one measurement holds (engine mode: 1 GPU).",
+            rich_help_panel="Ray",
+        ),
+    ] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
     """Find the commit that made a figure worse: endpoints first, rank tests, a patch stack.
@@ -127,6 +146,8 @@ def bisect_cmd(
             search=BisectConfig(repeats, max_repeats, jobs, max_skips),
             engine=EngineOptions(model, serve_args, prompts, max_tokens, concurrency, figure),
             out=str(out.resolve()) if out else None,
+            ray=ray,
+            cpus_per_job=cpus_per_job,
         )
     console = Console(stderr=True, highlight=False)
     start = time.monotonic()
@@ -189,6 +210,15 @@ def _render(rep: dict[str, Any]) -> None:
         if r["reason"]:
             console.print(f"  {r['sha'][:10]} {r['verdict']}: {r['reason']}", style="dim")
     console.print(f"endpoints: {rep['endpoints']['text']}")
+    if rep.get("cluster"):
+        from ft.bisect.driver import cluster_line
+
+        console.print(cluster_line(rep["cluster"]), style="dim")
+        for n in rep["nodes"]:  # each node's own endpoints: what its commits were compared with
+            good = "" if n["good"] is None else f"{n['good']:.4g}"
+            bad = "" if n["bad"] is None else f"{n['bad']:.4g}"
+            console.print(f"  node {n['key']}: good {good} (n={n['n_good']}), bad {bad} "
+                          f"(n={n['n_bad']})", style="dim")  # fmt: skip
     if rep["confirmation"]:
         console.print(f"last good -> first bad: {rep['confirmation']['note']}")
     colour = "green" if rep["outcome"] == "found" else "yellow"

@@ -88,17 +88,23 @@ def run_diagnose(config: DemoConfig, history: ScratchHistory, model: Path, say: 
 
 def run_bisect(config: DemoConfig, history: ScratchHistory, model: Path, say: Say) -> dict:
     """Engine mode over GOOD_TAG..HEAD of the scratch repo, state and report under OUT/bisect."""
+    from ft.bisect.driver import bisect
+
+    return bisect(bisect_options(config, history, model), lambda msg: say(f"bisect: {msg}"))
+
+
+def bisect_options(config: DemoConfig, history: ScratchHistory, model: Path):
+    """The demo's `ft bisect` options (a driver.BisectOptions)."""
     from ft.bisect.config import BisectConfig
-    from ft.bisect.driver import BisectOptions, EngineOptions, bisect
+    from ft.bisect.driver import BisectOptions, EngineOptions
 
     serve_args = shlex.join(["--moe-strategy", "hybrid", *config.engine_flags(model)])
     engine = EngineOptions(
         serve_args=serve_args, prompts=config.prompts, max_tokens=config.max_tokens,
         start_timeout_s=300.0, workload_timeout_s=300.0,
     )  # fmt: skip
-    opts = BisectOptions(
+    return BisectOptions(
         range=f"{GOOD_TAG}..{history.head_sha}", repo=str(history.repo),
         search=BisectConfig(repeats=config.repeats), engine=engine,
         out=str(config.out / "bisect"),
     )  # fmt: skip
-    return bisect(opts, lambda msg: say(f"bisect: {msg}"))

@@ -226,3 +226,20 @@ def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
     rep = result(p.bisect())  # a repeated identical run measures nothing
     assert len(p.runs()) == again and rep["samples_taken"] == 0
     assert culprit(rep) == p.shas[11]
+
+
+def test_ray_without_ray_installed_is_one_error_line(tmp_path, monkeypatch):
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from ft.cli.app import app
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else real(name, *a))  # fmt: skip
+    p = make_project(tmp_path, step(4, 2))
+    res = CliRunner().invoke(app, [*p.args("--ray", "local")])
+    assert res.exit_code == 1
+    assert res.output.strip() == "error: --ray needs Ray: pip install 'freetoken[ray]'"
+    assert not (tmp_path / "out").exists()  # nothing written before the input is valid
