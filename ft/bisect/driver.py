@@ -15,7 +15,8 @@ from typing import Any
 from ft import settings
 from ft.bisect.config import BisectConfig, interference, worker_gpus
 from ft.bisect.gitrepo import PatchStack, Scratch, UserRepo
-from ft.bisect.judge import Judge, RunCommandJudge
+from ft.bisect.judge import Judge
+from ft.bisect.judges import make_judge
 from ft.bisect.store import SampleStore
 from ft.bisect.verdict import Outcome
 from ft.errors import FtError
@@ -146,19 +147,6 @@ def cluster_line(cluster: dict[str, Any]) -> str:
         f"Ray {cluster['ray']} at {cluster['address']}: {plural(len(alive), 'node')}, "
         f"{plural(int(cluster['gpus']), 'GPU')}; workers {where} ({cluster['per_job']} each)"
     )
-
-
-def make_judge(opts: BisectOptions, cache: Path | None = None) -> Judge:
-    """The judge the options name; `cache`: where engine mode keeps its environments."""
-    if opts.run:
-        return RunCommandJudge(opts.run, opts.metric, opts.timeout_s)
-    import importlib.util
-
-    from ft.bisect.engine_judge import EngineJudge
-
-    if importlib.util.find_spec("ft.bench.workload") is None:
-        raise FtError("engine mode needs the workload client (ft/bench/workload.py); use --run")
-    return EngineJudge(opts.engine, cache=cache or settings.cache_dir() / "bisect" / "envs")
 
 
 def default_out(user: UserRepo, good: str, bad: str) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 from ft import __version__, cpuinfo, settings
 from ft.bisect.gitrepo import PatchStack, Scratch, UserRepo
 from ft.bisect.judge import kill_active
+from ft.bisect.judges import make_judge
 from ft.bisect.verdict import Skip
 
 
@@ -91,7 +92,6 @@ class NodeWorker:
         opts: Any,  # driver.BisectOptions
         omp_threads: str | None,  # the driver's OMP_NUM_THREADS
     ):
-        from ft.bisect.driver import make_judge
 
         self.worker = worker
         # Ray sets OMP_NUM_THREADS to the CPUs an actor holds (1 for a GPU worker): right for a
