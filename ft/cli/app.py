@@ -74,6 +74,7 @@ def _register() -> None:
         bench,
         bench_bw,
         bench_decode,
+        bench_probes,
         bench_serve,
         bisect,
         demo,
@@ -95,6 +96,7 @@ def _register() -> None:
     bench_bw.register(app)
     bench_serve.register(app)
     bench_decode.register(app)
+    bench_probes.register(app)
     profile.register(app)
     demo.register(app)
 

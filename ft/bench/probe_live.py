@@ -1,0 +1,79 @@
+"""The probes of `ft diagnose`, run on a server `ft bench probes` started, for one trial.
+
+The server runs the on-demand agent (FT_AGENT_ATTACH), so one warm server serves every
+setting: the agent samples only while a trial asks it to, at the trial's interval, with the
+same sampling code the injected agent runs. py-spy pauses the server as it would a target ft
+started (`ft diagnose --strategy`), with the same pause budget (ft/probes/sampler.py).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ft.bench.probe_cost import ProbeSetting
+from ft.probes.agent_session import AgentSession
+from ft.probes.sampler import Sampler, Stream, sampler_config
+from ft.probes.threads import process_tree
+
+
+class _Counting(Stream):
+    """A stream that also counts its records by kind (and stack source)."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.counts: Counter = Counter()
+
+    def write(self, record: dict) -> None:
+        kind = record.get("kind", "?")
+        self.counts[f"{kind}:{record['source']}" if kind == "stacks" else kind] += 1
+        super().write(record)
+
+
+@contextmanager
+def live_probes(pid: int, agent_folder: Path, setting: ProbeSetting) -> Iterator[dict[str, int]]:
+    """Sample `pid` as `ft diagnose` would while the block runs; yields the record counts."""
+    samples: dict[str, int] = {}
+    if setting.stack_source is None:
+        yield samples
+        return
+    with tempfile.TemporaryDirectory(prefix="ft-probe-cost-") as tmp:
+        stream = _Counting(Path(tmp) / "samples.jsonl")
+        config = sampler_config(setting.interval, setting.stack_source, may_pause=True)
+        sampler = Sampler(pid, stream, None, config)
+        session = None
+        if setting.stack_source != "py-spy":
+            session = AgentSession(agent_folder, setting.agent_interval, shared=False)
+            session.open()
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=_loop, args=(sampler, session, stream, setting.interval, stop), daemon=True
+        )
+        thread.start()
+        try:
+            yield samples
+        finally:
+            stop.set()
+            thread.join()
+            for record in session.close() if session is not None else []:
+                stream.write(record)
+            sampler.close()
+            stream.close()
+            samples.update(stream.counts)
+
+
+def _loop(sampler: Sampler, session, stream: Stream, interval: float, stop) -> None:
+    """runner._loop's sampling, minus the target's own records."""
+    while not stop.is_set():
+        tick_at = time.monotonic()
+        sampler.tick()
+        if session is not None:
+            session.ask(process_tree(sampler.pid))
+            for record in session.read():
+                stream.write(record)
+        stop.wait(max(0.0, interval - (time.monotonic() - tick_at)))
