@@ -7,6 +7,7 @@ fast interval) runs once per round, the order rotated round by round, all agains
 server (the model loads once). Per probed run i:
 
     overhead_i = 1 - tok/s(run i) / mean(tok/s of the runs without probes just before and after)
+    (for a cost such as CPU ms per token: cost(run i) / mean(...) - 1; positive is worse)
 
 quoted per setting as the mean over rounds with its 95% interval (Student's t, scipy.stats).
 """
@@ -14,12 +15,17 @@ quoted per setting as the mean over rounds with its 95% interval (Student's t, s
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 
 BASELINE = "none"
-METRICS = ("e2e_decode_tok_s", "engine_decode_tok_s")
+RATES = ("e2e_decode_tok_s", "engine_decode_tok_s")  # higher is better
+# the target's own CPU time per decoded token (its agent thread included): on a shared box it
+# moves far less with the neighbours' load than tok/s does
+COSTS = ("server_cpu_ms_per_token",)  # lower is better
+METRICS = RATES + COSTS
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,8 @@ class Trial:
     round: int
     setting: str
     figures: dict[str, float | None]
-    samples: dict[str, int] = field(default_factory=dict)  # records each probe wrote
+    samples: dict[str, float] = field(default_factory=dict)  # records each probe wrote, ...
+    seconds: float = 0.0  # the workload's wall time
 
 
 @dataclass(frozen=True)
@@ -97,8 +104,10 @@ def run_trials(
     trials = []
     for rnd, setting in schedule(settings, repeats):
         with probes(setting) as samples:
+            start = time.monotonic()
             figures = measure()
-        trial = Trial(rnd, setting.name, figures, dict(samples))
+            seconds = time.monotonic() - start
+        trial = Trial(rnd, setting.name, figures, dict(samples), round(seconds, 3))
         trials.append(trial)
         on_trial(trial)
     return trials
@@ -112,7 +121,8 @@ def overheads(trials: list[Trial], metric: str) -> list[Overhead]:
         runs = [(i, t.figures.get(metric)) for i, t in enumerate(trials) if t.setting == name]
         values = [v for _, v in runs if v]
         refs = [(v, _reference(trials, i, metric)) for i, v in runs]
-        paired = [1 - v / ref for v, ref in refs if v and ref]
+        sign = -1 if metric in COSTS else 1
+        paired = [sign * (1 - v / ref) for v, ref in refs if v and ref]
         low, high = _interval(paired)
         out.append(
             Overhead(
@@ -133,6 +143,18 @@ def baseline_figures(trials: list[Trial], metric: str) -> dict[str, float | None
     """Median and spread of the runs without probes."""
     values = [v for t in trials if t.setting == BASELINE and (v := t.figures.get(metric))]
     return {"median": statistics.median(values) if values else None, "spread": _spread(values)}
+
+
+def probe_cpu_share(trials: list[Trial]) -> dict[str, float]:
+    """Per probed setting, ft's own CPU time probing (`probe_cpu_ms`) over the workloads' wall
+    time: the share of one core the probes take from a box whose cores the target fills."""
+    out = {}
+    for name in dict.fromkeys(t.setting for t in trials if t.setting != BASELINE):
+        runs = [t for t in trials if t.setting == name and "probe_cpu_ms" in t.samples]
+        wall = sum(t.seconds for t in runs)
+        if wall > 0:
+            out[name] = sum(t.samples["probe_cpu_ms"] for t in runs) / 1000 / wall
+    return out
 
 
 def _reference(trials: list[Trial], at: int, metric: str) -> float | None:

@@ -8,6 +8,7 @@ started (`ft diagnose --strategy`), with the same pause budget (ft/probes/sample
 
 from __future__ import annotations
 
+import resource
 import tempfile
 import threading
 import time
@@ -36,9 +37,10 @@ class _Counting(Stream):
 
 
 @contextmanager
-def live_probes(pid: int, agent_folder: Path, setting: ProbeSetting) -> Iterator[dict[str, int]]:
-    """Sample `pid` as `ft diagnose` would while the block runs; yields the record counts."""
-    samples: dict[str, int] = {}
+def live_probes(pid: int, agent_folder: Path, setting: ProbeSetting) -> Iterator[dict[str, float]]:
+    """Sample `pid` as `ft diagnose` would while the block runs; yields the record counts and,
+    as probe_cpu_ms, the CPU time ft spent probing (its sampling thread and py-spy's runs)."""
+    samples: dict[str, float] = {}
     if setting.stack_source is None:
         yield samples
         return
@@ -51,9 +53,10 @@ def live_probes(pid: int, agent_folder: Path, setting: ProbeSetting) -> Iterator
             session = AgentSession(agent_folder, setting.agent_interval, shared=False)
             session.open()
         stop = threading.Event()
-        thread = threading.Thread(
-            target=_loop, args=(sampler, session, stream, setting.interval, stop), daemon=True
-        )
+        spent: list[float] = []
+        loop_args = (sampler, session, stream, setting.interval, stop, spent)
+        children = _children_cpu_s()
+        thread = threading.Thread(target=_loop, args=loop_args, daemon=True)
         thread.start()
         try:
             yield samples
@@ -65,10 +68,18 @@ def live_probes(pid: int, agent_folder: Path, setting: ProbeSetting) -> Iterator
             sampler.close()
             stream.close()
             samples.update(stream.counts)
+            pyspy_s = _children_cpu_s() - children  # py-spy: the only children that end here
+            samples["probe_cpu_ms"] = round(1000 * (sum(spent) + pyspy_s), 1)
 
 
-def _loop(sampler: Sampler, session, stream: Stream, interval: float, stop) -> None:
-    """runner._loop's sampling, minus the target's own records."""
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _loop(sampler: Sampler, session, stream: Stream, interval: float, stop, spent) -> None:
+    """runner._loop's sampling, minus the target's own records; its CPU time goes to `spent`."""
+    start = time.thread_time()
     while not stop.is_set():
         tick_at = time.monotonic()
         sampler.tick()
@@ -77,3 +88,4 @@ def _loop(sampler: Sampler, session, stream: Stream, interval: float, stop) -> N
             for record in session.read():
                 stream.write(record)
         stop.wait(max(0.0, interval - (time.monotonic() - tick_at)))
+    spent.append(time.thread_time() - start)

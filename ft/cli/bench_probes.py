@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
+import psutil
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -19,9 +20,11 @@ from rich.table import Table
 from ft import settings
 from ft.bench.probe_cost import (
     METRICS,
+    RATES,
     Trial,
     baseline_figures,
     overheads,
+    probe_cpu_share,
     probe_settings,
     run_trials,
 )
@@ -66,10 +69,15 @@ def bench_probes(
     with tempfile.TemporaryDirectory(prefix="ft-agent-attach-") as folder:
         env = dict(os.environ) | {settings.AGENT_ATTACH: folder}
         with start_server(flags, env=env) as server:
+            process = psutil.Process(server.proc.pid)
 
             def measure() -> dict:
+                before = sum(process.cpu_times()[:2])
                 result = run_workload(server.url, api_key=api_key, **workload)
-                return {m: getattr(result, m) for m in METRICS}
+                cpu_ms = 1000 * (sum(process.cpu_times()[:2]) - before)
+                tokens = sum(r.tokens for r in result.requests)
+                figures = {m: getattr(result, m) for m in RATES}
+                return figures | {"server_cpu_ms_per_token": cpu_ms / tokens if tokens else None}
 
             measure()  # warm-up: compilation and graph capture are not decode
             trials = run_trials(
@@ -86,6 +94,7 @@ def bench_probes(
         "trials": [asdict(t) for t in trials],
         "baseline": {m: baseline_figures(trials, m) for m in METRICS},
         "overheads": [asdict(o) for m in METRICS for o in overheads(trials, m)],
+        "probe_cpu_share": probe_cpu_share(trials),
     }
     if out is not None:
         out.write_text(json.dumps(result, indent=2) + "\n")
@@ -105,26 +114,43 @@ def _pct(value: float | None) -> str:
 
 
 def _render(result: dict) -> None:
-    """One row a setting: median tok/s, spread, overhead with its 95% interval, per metric."""
+    """One row a setting: tok/s, and each metric's overhead with its 95% interval."""
     table = Table(title=f"ft bench probes: {result['command']}")
-    table.add_column("setting")
-    for metric in ("e2e", "engine"):
-        for column in ("tok/s", "spread", "overhead [95% CI]"):
-            table.add_column(f"{metric} {column}", justify="right")
-    rows: dict[str, list[str]] = {"none": []}
-    for base in result["baseline"].values():
-        rows["none"] += [_tok(base["median"]), _pct(base["spread"]), ""]
-    for o in result["overheads"]:
-        ci = "" if o["low"] is None else f" [{_pct(o['low'])}, {_pct(o['high'])}]"
-        cells = [_tok(o["median"]), _pct(o["spread"]), _pct(o["overhead"]) + ci]
-        rows.setdefault(o["setting"], []).extend(cells)
+    table.add_column("setting", no_wrap=True)
+    for column in ("e2e tok/s (spread)", "e2e", "engine", "CPU ms/token", "probes' CPU"):
+        table.add_column(column, justify="right")
+    base = result["baseline"]
+    rows = {"none": [_median(base["e2e_decode_tok_s"]), "", "", "", ""]}
+    rows["none"][3] = _median(base["server_cpu_ms_per_token"])
+    found = {(o["setting"], o["metric"]): o for o in result["overheads"]}
+    for name in dict.fromkeys(o["setting"] for o in result["overheads"]):
+        e2e = found[(name, "e2e_decode_tok_s")]
+        cells = [_median(e2e), _overhead(e2e), _overhead(found[(name, "engine_decode_tok_s")])]
+        cells.append(_overhead(found[(name, "server_cpu_ms_per_token")]))
+        share = result["probe_cpu_share"].get(name)
+        cells.append("-" if share is None else f"{100 * share:.1f}% of a core")
+        rows[name] = cells
     for name, cells in rows.items():
         table.add_row(name, *cells)
-    Console().print(table)
-    Console().print(
-        "overhead: 1 - tok/s / the mean of the runs without probes just before and after, "
-        "averaged over rounds; spread: (max - min) / median"
+    console = Console()
+    console.print(table)
+    console.print(
+        "overhead (positive: slower / costlier) = 1 - tok/s over the mean of the runs without "
+        "probes just before and after, averaged over rounds, with its 95% interval; spread = "
+        "(max - min) / median; CPU ms/token: the server's, its agent included; probes' CPU: "
+        "ft's sampling thread and py-spy over the workload's time"
     )
+
+
+def _median(figures: dict) -> str:
+    spread = figures.get("spread")
+    text = _tok(figures.get("median"))
+    return text if spread is None else f"{text} ({100 * spread:.0f}%)"
+
+
+def _overhead(o: dict) -> str:
+    ci = "" if o["low"] is None else f" [{_pct(o['low'])}, {_pct(o['high'])}]"
+    return _pct(o["overhead"]) + ci
 
 
 def _tok(value: float | None) -> str:

@@ -129,3 +129,18 @@ def test_bench_probes_refuses_an_unknown_stack_source():
     result = CliRunner().invoke(app, ["bench", "probes", "--sources", "agent,gdb"])
     assert result.exit_code == 1, result.output
     assert result.output.startswith("error: --sources takes auto, agent, py-spy")
+
+
+def test_a_cost_metric_reads_positive_when_it_rises_and_probe_cpu_is_a_share_of_the_wall():
+    from ft.bench.probe_cost import Trial, probe_cpu_share
+
+    trials = [
+        Trial(0, BASELINE, {"server_cpu_ms_per_token": 2.0}, {}, 1.0),
+        Trial(0, "agent", {"server_cpu_ms_per_token": 2.1}, {"probe_cpu_ms": 10.0}, 2.0),
+        Trial(0, BASELINE, {"server_cpu_ms_per_token": 2.0}, {}, 1.0),
+        Trial(1, "agent", {"server_cpu_ms_per_token": 2.1}, {"probe_cpu_ms": 30.0}, 2.0),
+        Trial(1, BASELINE, {"server_cpu_ms_per_token": 2.0}, {}, 1.0),
+    ]
+    (cpu,) = overheads(trials, "server_cpu_ms_per_token")
+    assert cpu.overhead == pytest.approx(0.05)
+    assert probe_cpu_share(trials) == {"agent": pytest.approx(0.01)}  # 40 ms over 4 s
