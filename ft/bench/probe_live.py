@@ -52,6 +52,7 @@ def live_probes(pid: int, agent_folder: Path, setting: ProbeSetting) -> Iterator
         if setting.stack_source != "py-spy":
             session = AgentSession(agent_folder, setting.agent_interval, shared=False)
             session.open()
+            _until_answered(session, pid, stream)
         stop = threading.Event()
         spent: list[float] = []
         loop_args = (sampler, session, stream, setting.interval, stop, spent)
@@ -70,6 +71,17 @@ def live_probes(pid: int, agent_folder: Path, setting: ProbeSetting) -> Iterator
             samples.update(stream.counts)
             pyspy_s = _children_cpu_s() - children  # py-spy: the only children that end here
             samples["probe_cpu_ms"] = round(1000 * (sum(spent) + pyspy_s), 1)
+
+
+def _until_answered(session: AgentSession, pid: int, stream: Stream, wait_s: float = 5.0) -> None:
+    """The agent looks for requests once a second: a trial starts once it samples, or it
+    would measure a second of no agent at all."""
+    deadline = time.monotonic() + wait_s
+    session.ask(process_tree(pid))
+    while not session.answered and session.error is None and time.monotonic() < deadline:
+        for record in session.read():
+            stream.write(record)
+        time.sleep(0.05)
 
 
 def _children_cpu_s() -> float:

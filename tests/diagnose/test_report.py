@@ -127,3 +127,16 @@ def test_the_expected_cost_is_the_measured_row_of_this_box_and_configuration(tmp
     assert on_cpu["expected_cost"] is None and "not measured" in on_cpu["expected_cost_note"]
     md = (tmp_path / "auto-False" / "report.md").read_text()
     assert "Expected cost of these probes: measured +1.2%" in md
+
+
+def test_the_cost_table_covers_diagnose_defaults_for_every_stack_source():
+    from pathlib import Path
+
+    from ft.diagnose.runner import DiagnoseConfig
+    from ft.probes.cost import expected_cost
+    from ft.probes.stacks import STACK_SOURCES
+
+    d = DiagnoseConfig(out_dir=Path("."))
+    for source in STACK_SOURCES:
+        row = expected_cost("cpu", source, d.interval, d.agent_interval)
+        assert row is not None and row.low_pct <= row.overhead_pct <= row.high_pct, source
