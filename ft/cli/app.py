@@ -76,6 +76,7 @@ def _register() -> None:
         bench_cpu_moe,
         bench_decode,
         bench_llamacpp,
+        bench_probes,
         bench_serve,
         bisect,
         demo,
@@ -99,6 +100,7 @@ def _register() -> None:
     bench_serve.register(app)
     bench_decode.register(app)
     bench_llamacpp.register(app)
+    bench_probes.register(app)
     profile.register(app)
     demo.register(app)
 

@@ -18,7 +18,8 @@ def details_spans(md: str) -> list[tuple[int, int]]:
 
 
 def markdown(report: dict, log_tail: str = "") -> str:
-    parts = [_header(report), _throughput(report), _findings(report), _threads(report)]
+    parts = [_header(report), _throughput(report), _sampling(report), _findings(report)]
+    parts += [_threads(report)]
     parts += [_frames(report), _gpu(report)]
     parts += [_startup(report), _environment(report), _events(report)]
     if log_tail:
@@ -57,6 +58,27 @@ def _throughput(r: dict) -> str:
                ("TTFT s (median)", tp.get("ttft_s")),
                ("throughput tok/s", tp.get("throughput_tok_s"))]  # fmt: skip
     return md_table(("workload", "value"), [(k, _num(v)) for k, v in figures])
+
+
+def _sampling(r: dict) -> str:
+    """How the probes sampled and what that was measured to cost: how far to trust a tok/s."""
+    s = r.get("sampling")
+    if not s:
+        return ""
+    rows = [
+        ("threads", f"{s['threads']['source']} every {s['threads']['interval_s']:g} s",
+         s["threads"]["samples"]),
+        ("GPU", f"{s['gpu']['source']} every {s['gpu']['interval_s']:g} s", s["gpu"]["samples"]),
+    ]  # fmt: skip
+    agent, spy = s["stacks"].get("agent"), s["stacks"].get("py-spy")
+    if agent:
+        rows.append(("stacks: agent", f"every {agent['interval_s']:g} s", agent["samples"]))
+    if spy:
+        paused = f", at most {spy['max_paused']:.0%} of the run paused" if spy["max_paused"] else ""
+        how = f"{spy['mode']}, every {spy['every_s']:g} s or sparser{paused}"
+        rows.append(("stacks: py-spy", how, spy["samples"]))
+    table = md_table(("probe", "how", "samples"), rows)
+    return f"## Sampling\n\n{table}\n\nExpected cost of these probes: {s['expected_cost_note']}."
 
 
 def _num(value) -> str:

@@ -4,6 +4,7 @@ report.json, schema 1 (a key is only ever added; a change of meaning bumps "sche
     schema, kind="ft-diagnose", created (UTC), target {kind, argv, command|strategy, ...},
     config {duration, interval, stack_source, ...}, context {strategy, expects_cpu_pool, ...},
     run {duration_s, stopped_by, exit_code, failure, thread_samples, stack_source, stack_samples},
+    sampling {threads, gpu, stacks {agent, py-spy}, expected_cost | null, expected_cost_note},
     findings [{id, severity, title, evidence, next_step, threads}], threads [ThreadSummary],
     gpu GpuSummary, throughput (the workload's figures) | null, events, startup [lines],
     env (as `ft env --json`), files {role: file name}.
@@ -21,6 +22,7 @@ from ft.diagnose.findings import Finding, findings
 from ft.diagnose.startup import startup_lines
 from ft.diagnose.summary import by_kind, summarize
 from ft.log import get_logger
+from ft.probes.cost import sampling
 from ft.probes.sampler import read_stream
 from ft.probes.stacks import expand_stacks
 from ft.report import GITHUB_COMMENT_LIMIT, write_json_atomic, write_text_atomic
@@ -66,6 +68,7 @@ def write_report(out_dir: Path, outcome) -> dict:
             "stack_source": summary.stack_source,
             "stack_samples": summary.stack_samples,
         },
+        "sampling": _sampling(start.get("config", {}), context, kinds),
         "findings": [f.to_json() for f in rules],
         "threads": [asdict(t) | {"hottest_frames": t.hottest_frames} for t in summary.threads],
         "gpu": asdict(summary.gpu) | {"link_gbs": summary.gpu.link_gbs},
@@ -85,6 +88,14 @@ def write_report(out_dir: Path, outcome) -> dict:
     md = fit_limit(render.markdown(report, _log_tail(out_dir / FILES["target_log"])))
     write_text_atomic(out_dir / FILES["report_md"], md)
     return report
+
+
+def _sampling(config: dict, context: dict, kinds: dict[str, list[dict]]) -> dict:
+    counts = {"threads": len(kinds["threads"]), "gpu": len(kinds["gpu"])}
+    for source in ("agent", "py-spy"):
+        counts[f"stacks:{source}"] = sum(r.get("source") == source for r in kinds["stacks"])
+    gpu = any(r.get("available") for r in kinds["gpu"])
+    return sampling(config, bool(context.get("attached")), counts, gpu)
 
 
 def _diagnosable(outcome, context: dict) -> bool:

@@ -19,7 +19,7 @@ from ft.diagnose.targets import ProcessTarget
 from ft.errors import FtError
 from ft.log import get_logger
 from ft.probes.env import collect
-from ft.probes.sampler import Sampler, SamplerConfig, Stream
+from ft.probes.sampler import Sampler, Stream, sampler_config
 from ft.probes.stacks import STACK_SOURCES, agent_env, ptrace_scope
 
 SCHEMA = 1
@@ -106,14 +106,6 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
     return outcome
 
 
-def _sampler_config(config: DiagnoseConfig, target: ProcessTarget) -> SamplerConfig:
-    """py-spy pauses the target per dump: sparse beside the agent, every interval when alone.
-    A target ft attached to is never paused: py-spy reads it --nonblocking, every interval."""
-    alone = config.stack_source == "py-spy" or not target.may_pause
-    every = config.interval if alone else max(2.0, 4 * config.interval)
-    return SamplerConfig(config.interval, config.stack_source, every, target.may_pause)
-
-
 def _check_out_dir(out: Path) -> None:
     """One run per folder: appending to an earlier run's samples would mix two runs' numbers."""
     if out.exists() and not out.is_dir():
@@ -148,7 +140,12 @@ def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
     sampler = None
     stopped_by = "duration"
     try:
-        sampler = Sampler(pid, stream, agent_dir, _sampler_config(config, target))
+        sampler = Sampler(
+            pid,
+            stream,
+            agent_dir,
+            sampler_config(config.interval, config.stack_source, target.may_pause),
+        )
         stopped_by = _loop(target, config, sampler, stream, stop, got)
     except FtError:
         raise

@@ -15,6 +15,10 @@ from ft.probes.threads import ThreadProbe, process_tree
 # CI box): at most this share of the run in those stops, or a spinning thread reads ~60% CPU and
 # the hot-thread finding, the one diagnose exists for, is lost to the probe's own pauses
 PYSPY_MAX_PAUSED = 0.1
+# Beside the agent, py-spy only adds native frames (the report shows its last dump): a pause
+# budget of 1% keeps the probes' cost within issue 37's 2% of decode (docs/performance.md)
+PYSPY_MAX_PAUSED_WITH_AGENT = 0.01
+PYSPY_EVERY_WITH_AGENT = 5.0  # seconds at least between native dumps beside the agent
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,17 @@ class SamplerConfig:
     stack_source: str = "auto"  # auto: agent + py-spy where ptrace works; agent; py-spy
     pyspy_every: float = 2.0  # py-spy pauses the target for each dump, so it runs sparsely
     pyspy_pause: bool = True  # False: --nonblocking, for a process ft attached to (a service)
+    pyspy_max_paused: float = PYSPY_MAX_PAUSED  # share of the run py-spy may hold the target
+
+
+def sampler_config(interval: float, stack_source: str, may_pause: bool) -> SamplerConfig:
+    """py-spy pauses the target per dump: sparse beside the agent, every interval when alone.
+    A target ft attached to is never paused: py-spy reads it --nonblocking, every interval."""
+    alone = stack_source == "py-spy" or not may_pause
+    if alone:
+        return SamplerConfig(interval, stack_source, interval, may_pause)
+    every = max(PYSPY_EVERY_WITH_AGENT, 4 * interval)
+    return SamplerConfig(interval, stack_source, every, may_pause, PYSPY_MAX_PAUSED_WITH_AGENT)
 
 
 class Stream:
@@ -75,7 +90,7 @@ class Sampler:
             start = time.monotonic()
             self._pyspy_round()
             took = time.monotonic() - start  # an upper bound of the pause: py-spy's start too
-            wait = max(self.config.pyspy_every, took * (1 / PYSPY_MAX_PAUSED - 1))
+            wait = max(self.config.pyspy_every, took * (1 / self.config.pyspy_max_paused - 1))
             self._pyspy_next = time.monotonic() + wait
 
     def drain_agent(self) -> None:

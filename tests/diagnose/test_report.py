@@ -73,3 +73,70 @@ def test_the_side_by_side_names_the_busiest_thread_s_state_not_a_wchan_of_0(tmp_
     assert "| MainThread 99% CPU, running |" in hybrid and " 0 |" not in hybrid
     assert "| MainThread 30% CPU, sleeping in futex_do_wait |" in offload
     assert "(1 thread)" in hybrid and "threads)" not in hybrid
+
+
+def _sampled(tmp_path, source: str, attached: bool = False, gpu: dict | None = None) -> dict:
+    config = {"interval": 0.5, "agent_interval": 0.1, "stack_source": source, "duration": 10}
+    records = stream([engine_main(), *pool(2)], ticks=4, gpu=gpu, config=config)
+    if source == "py-spy":  # py-spy alone: its dumps are the only stacks
+        for rec in records:
+            if rec["kind"] == "stacks":
+                rec["source"] = "py-spy"
+    if source == "auto":
+        records.append({"kind": "stacks", "source": "py-spy", "t": 1.0, "pid": 100, "threads": []})
+    if attached:
+        records.append({"kind": "end", "t": 4.0, "context": {"attached": True}})
+    folder = tmp_path / f"{source}-{attached}"
+    folder.mkdir()
+    return write(folder, records)
+
+
+def test_every_report_says_how_it_sampled_for_each_stack_source(tmp_path):
+    agent, spy, auto = (_sampled(tmp_path, s)["sampling"] for s in ("agent", "py-spy", "auto"))
+    for block in (agent, spy, auto):
+        assert block["threads"] == {"source": "/proc", "interval_s": 0.5, "samples": 4}
+        assert block["gpu"]["samples"] == 4
+    assert agent["stacks"] == {"agent": {"interval_s": 0.1, "samples": 4}}
+    assert set(spy["stacks"]) == {"py-spy"} and spy["stacks"]["py-spy"]["samples"] == 4
+    assert spy["stacks"]["py-spy"]["every_s"] == 0.5  # alone, it is the stack source
+    assert auto["stacks"]["agent"]["samples"] == 4 and auto["stacks"]["py-spy"]["samples"] == 1
+    beside = auto["stacks"]["py-spy"]
+    assert beside["every_s"] >= 5 and beside["max_paused"] <= 0.01  # only native frames to add
+    assert beside["mode"] == "--native, pauses the target"
+    md = (tmp_path / "auto-False" / "report.md").read_text()
+    assert md.index("## Sampling") < md.index("## Findings")
+    assert "| stacks: py-spy | --native, pauses the target, every 5 s or sparser" in md
+
+
+def test_an_attached_target_is_read_without_pausing(tmp_path):
+    block = _sampled(tmp_path, "auto", attached=True)["sampling"]
+    assert block["stacks"]["py-spy"]["mode"] == "--nonblocking"
+    assert block["stacks"]["py-spy"]["max_paused"] == 0.0
+    assert block["expected_cost"] is None and "attached" in block["expected_cost_note"]
+
+
+def test_the_expected_cost_is_the_measured_row_of_this_box_and_configuration(tmp_path, monkeypatch):
+    from ft.probes import cost
+
+    row = cost.MeasuredCost("gpu", "auto", 0.5, 0.1, 1.2, 0.4, 2.0, "2026-12-04", "ft bench")
+    monkeypatch.setattr(cost, "MEASURED", (row,))
+    on_gpu = _sampled(tmp_path, "auto", gpu={"util_pct": 90})["sampling"]
+    assert on_gpu["expected_cost"]["overhead_pct"] == 1.2
+    assert "+1.2%" in on_gpu["expected_cost_note"] and "gpu box" in on_gpu["expected_cost_note"]
+    on_cpu = _sampled(tmp_path, "agent")["sampling"]
+    assert on_cpu["expected_cost"] is None and "not measured" in on_cpu["expected_cost_note"]
+    md = (tmp_path / "auto-False" / "report.md").read_text()
+    assert "Expected cost of these probes: measured +1.2%" in md
+
+
+def test_the_cost_table_covers_diagnose_defaults_for_every_stack_source():
+    from pathlib import Path
+
+    from ft.diagnose.runner import DiagnoseConfig
+    from ft.probes.cost import expected_cost
+    from ft.probes.stacks import STACK_SOURCES
+
+    d = DiagnoseConfig(out_dir=Path("."))
+    for source in STACK_SOURCES:
+        row = expected_cost("cpu", source, d.interval, d.agent_interval)
+        assert row is not None and row.low_pct <= row.overhead_pct <= row.high_pct, source

@@ -172,3 +172,46 @@ def test_ft_serve_and_sitecustomize_together_start_one_agent(tmp_path):
     for env, agents in ((on, "1"), (base, "0")):
         run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         assert run.stdout.strip() == agents, run.stderr
+
+
+def test_a_thread_that_stays_in_its_frame_is_not_walked_again_but_one_that_moves_is(monkeypatch):
+    import threading
+
+    from ft.probes.agent import sitecustomize as agent
+
+    walks = []
+    walk = agent._stack_key
+    monkeypatch.setattr(agent, "_stack_key", lambda frame: walks.append(1) or walk(frame))
+
+    moved, go_on, done = threading.Event(), threading.Event(), threading.Event()
+
+    def second_place():
+        done.wait()
+
+    def first_place():
+        go_on.wait()
+        moved.set()
+        second_place()
+
+    thread = threading.Thread(target=first_place, name="mover")
+    thread.start()
+    try:
+        stack_ids, last, defs = {}, {}, []
+
+        def leaf():
+            sample = agent._sample(threading.get_ident(), stack_ids, defs, last)
+            (mover,) = [t for t in sample if t["name"] == "mover"]
+            frames = {d["id"]: d["frames"] for d in defs}[mover["stack"]]
+            names = [f.split(" (")[0].rsplit(".", 1)[-1] for f in frames]
+            return next(n for n in reversed(names) if n.endswith("_place"))
+
+        assert leaf() == "first_place"
+        walked = len(walks)
+        assert leaf() == "first_place" and len(walks) == walked  # nobody moved: no walk
+        go_on.set()
+        moved.wait()
+        until(lambda: leaf() == "second_place")
+    finally:
+        go_on.set()
+        done.set()
+        thread.join()

@@ -1,5 +1,6 @@
 """The /proc thread probe on a real child process, its parsers, and role classification."""
 
+import os
 import subprocess
 import sys
 import time
@@ -59,3 +60,20 @@ def test_roles_from_os_and_python_names():
     assert threads.classify(rec, None, "python", True) == threads.TORCH
     assert threads.classify(rec, None, "python", False) == threads.OTHER
     assert threads.classify(rec, "Thread-1", "python", True) == threads.OTHER
+
+
+def test_process_tree_finds_children_and_grandchildren():
+    from ft.probes.threads import process_tree
+
+    proc = subprocess.Popen(["bash", "-c", "sleep 30 & (sleep 30 & wait) & wait"])
+    try:
+        deadline = time.monotonic() + 20
+        while len(process_tree(proc.pid)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = process_tree(proc.pid)
+        assert tree[0] == proc.pid and len(set(tree)) == 4
+    finally:
+        for pid in reversed(process_tree(proc.pid)):
+            os.kill(pid, 9)
+        proc.wait()
+    assert process_tree(proc.pid) == []

@@ -57,24 +57,43 @@ def _frame_names(key: tuple) -> list:
     ]
 
 
-def _sample(own_ident: int, stack_ids: dict, defs: list) -> list:
-    """Each thread's stack as an id; a stack seen for the first time is defined in `defs`."""
+def _leaf(frame) -> tuple:
+    """What tells a thread's stack unchanged since the last sample: a caller's line cannot move
+    while its callee runs, so the same leaf frame at the same line under the same caller means
+    the same stack. Ids, not the frames: holding a frame would keep its locals (tensors) alive."""
+    return id(frame), frame.f_code, frame.f_lineno, id(frame.f_back)
+
+
+def _sample(own_ident: int, stack_ids: dict, defs: list, last: dict | None = None) -> list:
+    """Each thread's stack as an id; a stack seen for the first time is defined in `defs`.
+    `last` (ident -> (leaf, stack id)) lets a thread still in the same frame skip the walk."""
+    last = {} if last is None else last
     by_ident = {t.ident: t for t in threading.enumerate()}
     out = []
-    for ident, frame in sys._current_frames().items():
+    frames = sys._current_frames()
+    for ident in [i for i in last if i not in frames]:  # threads that ended
+        del last[ident]
+    for ident, frame in frames.items():
         if ident == own_ident:  # never report the agent itself
             continue
         thread = by_ident.get(ident)
-        key = _stack_key(frame)
-        if key not in stack_ids:
-            stack_ids[key] = len(stack_ids)
-            defs.append({"id": stack_ids[key], "frames": _frame_names(key)})
+        leaf = _leaf(frame)
+        seen = last.get(ident)
+        if seen is not None and seen[0] == leaf:
+            stack = seen[1]
+        else:
+            key = _stack_key(frame)
+            if key not in stack_ids:
+                stack_ids[key] = len(stack_ids)
+                defs.append({"id": stack_ids[key], "frames": _frame_names(key)})
+            stack = stack_ids[key]
+            last[ident] = (leaf, stack)
         out.append(
             {
                 "ident": ident,
                 "tid": getattr(thread, "native_id", None),
                 "name": thread.name if thread is not None else None,
-                "stack": stack_ids[key],
+                "stack": stack,
             }
         )
     return out
@@ -94,13 +113,15 @@ def _loop(path: str, interval: float, keep_going) -> None:
         hello = {"kind": "agent", "t": time.time(), "pid": pid, "tid": threading.get_native_id()}
         out.write(json.dumps(hello) + "\n")  # lets the probes tell the agent's thread apart
         stack_ids: dict = {}  # idle threads repeat one stack: each is written out once
+        last: dict = {}  # each thread's leaf frame at the previous sample
         while keep_going():
             record = {"kind": "stacks", "source": "agent", "t": time.time(), "pid": pid}
             if len(stack_ids) > 50_000:  # bound the agent's memory on very long runs
                 stack_ids.clear()
+                last.clear()
                 record["reset"] = True
             defs: list = []
-            record["threads"] = _sample(own, stack_ids, defs)
+            record["threads"] = _sample(own, stack_ids, defs, last)
             record["defs"] = defs
             out.write(json.dumps(record, separators=(",", ":")) + "\n")
             out.flush()  # line-buffered already; explicit so a SIGKILL loses nothing written
