@@ -89,9 +89,7 @@ class Measurer:
         if self.stop.is_set():
             raise Interrupted
         slot = (worker, tree)
-        if self._live.get(worker, tree) != tree:  # one live tree a worker: its GPU is shared
-            self.release((worker, self._live[worker]))
-        self._live[worker] = tree
+        self._use_tree(worker, tree)
         worktree = self._checkout(slot, sha)
         if isinstance(worktree, Skip):
             return worktree
@@ -145,6 +143,12 @@ class Measurer:
     def _worktree(self, slot: Slot) -> Path:
         worker, tree = slot
         return self.scratch.worktree(f"{worker}" if tree == 0 else f"{worker}-{tree}")
+
+    def _use_tree(self, worker: int, tree: int) -> None:
+        """One live tree a worker (its GPU is shared): the one it used last is released."""
+        if self._live.get(worker, tree) != tree:
+            self.release((worker, self._live[worker]))
+        self._live[worker] = tree
 
     def release(self, slot: Slot) -> None:
         """Let go of what the judge keeps up for that worktree (engine mode: its server)."""

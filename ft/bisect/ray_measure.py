@@ -74,9 +74,7 @@ class RayMeasurer(Measurer):
             if self.stop.is_set():
                 raise Interrupted
             self._catch_up(sha, phase, worker)
-            if self._live.get(worker, tree) != tree:  # one live tree a worker, as locally
-                self.release((worker, self._live[worker]))
-            self._live[worker] = tree
+            self._use_tree(worker, tree)
             if phase == "search":
                 self._show(worker, sha)
             with self._lock:
