@@ -22,7 +22,6 @@ from ft.errors import FtError
 READY = re.compile(r"API server is ready to serve on (\S+):(\d+)")
 FIGURES = ("e2e_decode_tok_s", "ttft_s", "engine_decode_tok_s", "throughput_tok_s")
 DECODE_RATE = re.compile(r"^ft_decode_tokens_per_second(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
-COUNTER = re.compile(r"^ft_(\w+)_total\s+(\S+)$", re.MULTILINE)  # the engine's Prometheus counters
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,15 @@ def _default_workload(base_url: str, spec: WorkloadSpec):
     return run_workload(base_url, **asdict(spec), api_key=settings.api_key())
 
 
+def engine_counts(result) -> dict[str, float] | None:
+    """The engine's counters over the workload, by short name (`ft_experts_to_cpu_total` ->
+    `experts_to_cpu`): the workload client's /metrics deltas; None where it has none."""
+    deltas = getattr(result, "engine_counters", None)
+    if not deltas:
+        return None
+    return {n[3:-6]: v for n, v in deltas.items() if n.startswith("ft_") and n.endswith("_total")}
+
+
 class ServerTarget(ProcessTarget):
     label = "server"
 
@@ -60,14 +68,14 @@ class ServerTarget(ProcessTarget):
         self.error: str | None = None
         self.counters: dict[str, float] | None = None  # engine counters over the workload
         self._phases: dict[str, float] = {}  # warm-up, workload, done -> when each began
-        self._marked: dict[str, float] = {}  # the phases written to the stream
+        self._marked: set[str] = set()  # the phases written to the stream
 
     def tick(self) -> list[dict]:
         """Phase marks (findings look at the workload's span only) and the engine's tok/s."""
         if self.url is None:
             self._check_ready()
         records = self._new_marks()
-        if self._marked.keys() == {"warm-up", "workload"}:  # the workload runs
+        if self._marked == {"warm-up", "workload"}:  # the workload runs
             rate = self._engine_rate()
             if rate is not None:
                 records.append({"kind": "throughput", "t": time.time(), "tok_s": rate})
@@ -76,7 +84,7 @@ class ServerTarget(ProcessTarget):
     def _new_marks(self) -> list[dict]:
         """Phases the workload thread reached since the last tick, at the times it reached them."""
         new = [(p, t) for p, t in list(self._phases.items()) if p not in self._marked]
-        self._marked.update(new)
+        self._marked.update(p for p, _ in new)
         return [{"kind": "phase", "t": t, "phase": p} for p, t in new]
 
     def _check_ready(self) -> None:
@@ -96,30 +104,23 @@ class ServerTarget(ProcessTarget):
     def _run_workload(self) -> None:
         try:
             self._workload(self.url, replace(self.spec, prompts=self.spec.concurrency))
-            before = self._counters()
             self._phases["workload"] = time.time()
             self.result = self._workload(self.url, self.spec)
-            after = self._counters()
-            self.counters = {k: v - before.get(k, 0.0) for k, v in after.items()}
+            self.counters = engine_counts(self.result)
         except Exception as exc:  # the server died or was stopped: the report says so
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._phases["done"] = time.time()
 
-    def _metrics(self) -> str:
+    def _engine_rate(self) -> float | None:
         try:
             import httpx
 
-            return httpx.get(f"{self.url}/metrics", timeout=1.0).text
+            text = httpx.get(f"{self.url}/metrics", timeout=1.0).text
         except Exception:
-            return ""
-
-    def _engine_rate(self) -> float | None:
-        match = DECODE_RATE.search(self._metrics())
+            return None
+        match = DECODE_RATE.search(text)
         return float(match.group(1)) if match else None
-
-    def _counters(self) -> dict[str, float]:
-        return {name: float(value) for name, value in COUNTER.findall(self._metrics())}
 
     def finished(self) -> bool:
         return self._thread is not None and not self._thread.is_alive()

@@ -19,8 +19,9 @@ FAKE = [sys.executable, str(REPO_ROOT / "tests/assets/fake_serve.py")]
 def fake_workload(url: str, spec: WorkloadSpec):
     assert url.startswith("http://127.0.0.1:")
     time.sleep(2.5)  # while the probes sample the server
+    counters = {"ft_experts_to_cpu_total": 12.0, "ft_ttft_seconds_sum": 1.0}  # the client's deltas
     return SimpleNamespace(e2e_decode_tok_s=0.5, ttft_s=1.0, engine_decode_tok_s=0.5,
-                           throughput_tok_s=0.5)  # fmt: skip
+                           throughput_tok_s=0.5, engine_counters=counters)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,7 @@ def test_hybrid_with_the_inline_fault_names_the_engine_thread(runs):
     assert "inline_expert_ffn" in report["findings"][0]["title"]
     assert report["context"]["strategy"] == "hybrid" and report["context"]["workload"] is True
     assert report["throughput"]["e2e_decode_tok_s"] == 0.5
+    assert report["throughput"]["counters"] == {"experts_to_cpu": 12.0}
     assert "CPU MoE executor ready" in "\n".join(report["startup"])
 
 
@@ -76,6 +78,7 @@ def test_engine_mode_on_the_real_server_side_by_side(tmp_path):
         assert report["run"]["stopped_by"] == "finished" and report["run"]["window"] == "workload"
         assert report["context"]["strategy"] == strategy
         assert report["throughput"]["e2e_decode_tok_s"] > 0
+        assert report["throughput"]["counters"]["decode_tokens"] > 0  # the engine's, by short name
         assert "ft-engine" in {t["name"] for t in report["threads"] if t["role"] == "engine"}
         assert "hot-thread" not in [f["id"] for f in report["findings"]]
     md = (out / "report.md").read_text()
