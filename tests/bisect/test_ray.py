@@ -182,7 +182,9 @@ def test_a_node_removed_mid_run_costs_only_its_sample(cluster, tmp_path):
         p = _project(tmp_path, step(12, 7), "fixed")
         proc = _start(_args(p, "out", "--ray", cluster.address, "-j", "3"))
         spare = _placement(cluster)[3]  # three workers on four nodes: this one stays free
-        victim = "d" if spare != "d" else _placement(cluster)[2]
+        # d if it takes a worker, else a worker's node other than the head (a cluster's head
+        # cannot be removed)
+        victim = next(n for n in ["d", *_placement(cluster)] if n not in (spare, "a"))
         node = next(n for n in cluster.list_all_nodes() if cluster.names[n.node_id] == victim)
         assert node is not cluster.head_node
 
