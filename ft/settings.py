@@ -11,6 +11,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FT_CACHE_DIR") or Path.home() / ".cache" / "freetoken")
 
 
+def compile_cache_dir() -> Path:
+    """Where the CPU pool's numba kernels are cached (ft.engine.cpu.jit): NUMBA_CACHE_DIR when
+    set, else FT_CACHE_DIR/numba."""
+    return Path(os.environ.get("NUMBA_CACHE_DIR") or cache_dir() / "numba")
+
+
 def log_level() -> str:
     """FT_LOG_LEVEL: the engine's log level (default INFO)."""
     return os.environ.get("FT_LOG_LEVEL", "INFO").upper()

@@ -28,10 +28,15 @@ def serve(
     engine: EngineFlags,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
+    import faulthandler
+
     from ft.engine.runner import LLMEngine
     from ft.engine.serve.server import bind_socket, run_server
     from ft.probes.stacks import start_attach_agent
 
+    # a crash in native code (numba's LLVM, a kernel) leaves every thread's Python stack in the
+    # log a service or `ft diagnose` keeps, not a bare "signal 11"
+    faulthandler.enable()
     start_attach_agent()  # FT_AGENT_ATTACH (a unit file): stacks for `ft diagnose --pid`
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     try:

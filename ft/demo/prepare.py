@@ -81,7 +81,9 @@ def isolated_env(out: Path, profile: Path) -> Iterator[Path]:
     shutil.copyfile(profile, cache / "benchbw.json")
     dropped = [k for k in os.environ if k.startswith("GIT_")]
     dropped += ["FT_CPU_MOE_INLINE", "FT_API_KEY", "FT_AGENT_OUT"]
-    wanted = {"FT_CACHE_DIR": str(cache), "FT_LOG_LEVEL": "INFO", **git_env()}
+    wanted = {"FT_CACHE_DIR": str(cache), "FT_LOG_LEVEL": "INFO", **git_env(),
+              # the pool's kernels, compiled once for every checkout (stage 1 did it already)
+              "NUMBA_CACHE_DIR": str(settings.compile_cache_dir())}  # fmt: skip
     saved = {k: os.environ.get(k) for k in [*dropped, *wanted]}
     try:
         for k in dropped:

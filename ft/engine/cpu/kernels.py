@@ -17,12 +17,11 @@ Legend: n = tokens, R = rows of the projection, C = its columns, cols = columns 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-_JIT = dict(nogil=True, fastmath=True, cache=True)
+from ft.engine.cpu.jit import jit
 
 
-@njit(**_JIT)
+@jit(fastmath=True)
 def _dot_rows(w, x, out, col):
     """out[t, col] = w . x[t] for every token: the vectorised half of each kernel."""
     for t in range(x.shape[0]):
@@ -33,7 +32,7 @@ def _dot_rows(w, x, out, col):
         out[t, col] = acc
 
 
-@njit(**_JIT)
+@jit(fastmath=True)
 def float_rows(x, weights, r0, r1, c0, out):
     """W = weights, float32 [R, C]: no decoding."""
     cols = x.shape[1]
@@ -41,7 +40,7 @@ def float_rows(x, weights, r0, r1, c0, out):
         _dot_rows(weights[r, c0 : c0 + cols], x, out, r - r0)
 
 
-@njit(**_JIT)
+@jit(fastmath=True)
 def bf16_rows(x, bits16, r0, r1, c0, out):
     """W = bfloat16 weights, as their uint16 bits [R, C]: a bf16 is the top half of a float32."""
     cols = x.shape[1]
@@ -54,7 +53,7 @@ def bf16_rows(x, bits16, r0, r1, c0, out):
         _dot_rows(w, x, out, r - r0)
 
 
-@njit(**_JIT)
+@jit(fastmath=True)
 def int8_rows(x, codes, r0, r1, c0, row_scale, out):
     """W[r, c] = codes[r, c] * row_scale[r - r0]; codes int8 [R, C]."""
     cols = x.shape[1]
@@ -67,7 +66,7 @@ def int8_rows(x, codes, r0, r1, c0, row_scale, out):
         _dot_rows(w, x, out, r - r0)
 
 
-@njit(**_JIT)
+@jit(fastmath=True)
 def table_rows(x, codes, table, r0, r1, c0, scales, scale_row, group, out):
     """W[r, c] = table[codes[r, c]] * scales[scale_row[r - r0], c // group]; codes uint8 [R, C]
     (fp8_block: e4m3 bytes, 128 x 128 scale blocks). c0 need not be a multiple of group."""
@@ -87,7 +86,7 @@ def table_rows(x, codes, table, r0, r1, c0, scales, scale_row, group, out):
         _dot_rows(w, x, out, r - r0)
 
 
-@njit(**_JIT)
+@jit(fastmath=True)
 def nvfp4_rows(x, packed, table, r0, r1, c0, scales, scale_table, row_scale2, out):
     """W[r, c] = table[e2m1 code c of row r] * scale_table[scales[r, c // 16]] * row_scale2[r - r0];
     packed uint8 [R, C/2], two codes a byte (element 2j in the low nibble); scales uint8 (e4m3)
@@ -107,7 +106,7 @@ def nvfp4_rows(x, packed, table, r0, r1, c0, scales, scale_table, row_scale2, ou
         _dot_rows(w, x, out, r - r0)
 
 
-@njit(**_JIT)
+@jit(fastmath=True)
 def bf16_ffn_block(x, w13, w2, lo, hi, inter, scale, rows, acc):
     """acc[rows[t]] += scale[t] * (down[:, lo:hi] @ (silu(gate[lo:hi] x_t) * up[lo:hi] x_t)) for
     each of the n tokens: one block [lo, hi) of I of a bf16 expert's FFN in ONE call, so a CPU

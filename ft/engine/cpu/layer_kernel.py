@@ -21,7 +21,7 @@ Legend: T = tokens of the call, D = hidden, I = expert intermediate, n = tokens 
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, types
+from numba import carray, types
 
 from ft.engine.cpu.intrinsics import (
     address,
@@ -31,10 +31,8 @@ from ft.engine.cpu.intrinsics import (
     e4m3_value,
     f32_of_bits,
 )
+from ft.engine.cpu.jit import jit
 from ft.engine.cpu.sync import CALLER_SPIN, WORKER_SPIN, arrive, publish, wait_change, wake
-
-_JIT = dict(nogil=True, cache=True)
-_MATH = dict(nogil=True, cache=True, fastmath=True)
 
 # Formats the kernel reads (the plan's FMT word).
 F32, BF16, INT8, FP8, NVFP4 = 0, 1, 2, 3, 4
@@ -57,25 +55,25 @@ W13, W2, W13_SCALE, W2_SCALE, W13_SCALE_2, W2_SCALE_2 = range(PARTS)
 # -- decoding one row into float32 -------------------------------------------------------------
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def _decode_bf16(src, buf):
     for j in range(src.shape[0]):
         buf[j] = f32_of_bits(np.uint32(src[j]) << 16)
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def _decode_f32(src, buf):
     for j in range(src.shape[0]):
         buf[j] = src[j]
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def _decode_int8(src, buf):
     for j in range(src.shape[0]):
         buf[j] = np.float32(src[j])
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def _decode_fp8(src, scales, buf):
     """src e4m3 bytes [C]; scales float32 [ceil(C / 128)]: one per block of 128 columns."""
     cols = src.shape[0]
@@ -87,7 +85,7 @@ def _decode_fp8(src, scales, buf):
             out[j] = e4m3_value(codes[j]) * s
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def _decode_nvfp4(src, scales, buf):
     """src [C / 2] two e2m1 codes a byte (element 2j low nibble); scales e4m3 [C / 16]."""
     pairs = buf[: 2 * src.shape[0]].view(np.uint64)
@@ -100,7 +98,7 @@ def _decode_nvfp4(src, scales, buf):
             group[j] *= s
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def decode_row(fmt, parts, proj, r, cols, inter, buf):
     """buf[:cols] = row r of projection `proj` (W13: [2I, D]; W2: [D, I]) of one expert, in
     float32 up to a factor constant along the row, which it returns."""
@@ -132,7 +130,7 @@ def decode_row(fmt, parts, proj, r, cols, inter, buf):
     return carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def _dot(w, v, cols):
     acc = np.float32(0.0)
     for j in range(cols):
@@ -140,7 +138,7 @@ def _dot(w, v, cols):
     return acc
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def _silu(a):
     return a / (np.float32(1.0) + np.exp(-a))
 
@@ -148,14 +146,14 @@ def _silu(a):
 # -- one call ----------------------------------------------------------------------------------
 
 
-@njit(**_JIT)
+@jit()
 def _expert_parts(plan, e, parts):
     """parts[:] = the addresses of expert e's parts in the plan."""
     for p in range(PARTS):
         parts[p] = plan[HEADER + e * PARTS + p]
 
 
-@njit(**_MATH)
+@jit(fastmath=True)
 def run_call(plan, worker, ctrl, gen):
     """This worker's share of the call `plan` (phase 1, the barrier, phase 2)."""
     fmt, k, tokens = plan[FMT], plan[EXPERTS], plan[TOKENS]
@@ -197,7 +195,7 @@ def run_call(plan, worker, ctrl, gen):
                 out[rows[t], d] += _dot(buf, act[t], inter) * scale
 
 
-@njit(**_JIT)
+@jit()
 def serve(ctrl, worker):
     """A worker's whole life: wait for a call, run its share, count it done; until STOP."""
     seen = 0  # calls are numbered from 1, and the next is published only after all finish one
@@ -214,7 +212,7 @@ def serve(ctrl, worker):
             wake(ctrl, DONE, CALLER_SLEEPERS)
 
 
-@njit(**_JIT)
+@jit()
 def wait_done(ctrl, gen, workers):
     """The caller's wait for call `gen` (GIL released: the engine's other threads run)."""
     now = atomic_load(ctrl, DONE)
@@ -222,14 +220,14 @@ def wait_done(ctrl, gen, workers):
         now = wait_change(ctrl, DONE, now, CALLER_SLEEPERS, CALLER_SPIN)
 
 
-@njit(**_JIT)
+@jit()
 def start_call(ctrl, plan_addr, gen):
     """Publish call `gen` (its plan at plan_addr) to the waiting workers."""
     ctrl[PLAN] = plan_addr
     publish(ctrl, GEN, gen, WORKER_SLEEPERS)
 
 
-@njit(**_JIT)
+@jit()
 def stop(ctrl, gen):
     ctrl[STOP] = 1
     publish(ctrl, GEN, gen, WORKER_SLEEPERS)

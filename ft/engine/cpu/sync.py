@@ -5,30 +5,29 @@ between calls)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ft.engine.cpu.intrinsics import atomic_add, atomic_load, atomic_store, futex, spin_pause
+from ft.engine.cpu.jit import jit
 
-_JIT = dict(nogil=True, cache=True)
 _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
 # pause rounds before sleeping: a worker on its own core spins ~50-200 us (a decode layer's
 # gap between calls); the caller, who may share a core with a worker, hardly spins at all
 WORKER_SPIN, CALLER_SPIN = 20_000, 100
 
 
-@njit(**_JIT)
+@jit()
 def futex_wait(ctrl, i, seen):
     """Sleep while ctrl[i]'s low 32 bits equal `seen` (returns at once if they differ)."""
     futex(ctrl.ctypes.data + i * 8, _FUTEX_WAIT_PRIVATE, seen & 0xFFFFFFFF)
 
 
-@njit(**_JIT)
+@jit()
 def futex_wake(ctrl, i):
     """Wake every thread sleeping in futex_wait(ctrl, i, ...)."""
     futex(ctrl.ctypes.data + i * 8, _FUTEX_WAKE_PRIVATE, 1 << 30)
 
 
-@njit(**_JIT)
+@jit()
 def wait_change(ctrl, i, seen, sleepers, spin):
     """Return ctrl[i] once it differs from `seen`: spin `spin` pauses, then sleep on the
     futex, counted in ctrl[sleepers] so the writer wakes only when someone sleeps."""
@@ -48,14 +47,14 @@ def wait_change(ctrl, i, seen, sleepers, spin):
             return now
 
 
-@njit(**_JIT)
+@jit()
 def publish(ctrl, i, value, sleepers):
     """ctrl[i] = value, and wake the threads sleeping on it if there are any."""
     atomic_store(ctrl, i, value)
     wake(ctrl, i, sleepers)
 
 
-@njit(**_JIT)
+@jit()
 def wake(ctrl, i, sleepers):
     """Wake the threads sleeping on ctrl[i] if wait_change counted any in ctrl[sleepers]
     (call it after the write they wait for: a locked add or a sequentially consistent store)."""
@@ -63,7 +62,7 @@ def wake(ctrl, i, sleepers):
         futex_wake(ctrl, i)
 
 
-@njit(**_JIT)
+@jit()
 def arrive(ctrl, i, target, sleepers):
     """Count this thread in ctrl[i] (a counter that only grows) and return once it reaches
     `target`; the thread that reaches it wakes the sleepers."""
