@@ -81,7 +81,7 @@ def test_jobs_2_names_the_same_culprit_as_jobs_1_on_a_cpu_bound_figure(tmp_path,
     p = _with_script(make_project(tmp_path, step(10, 6, 1000.0, 3000.0)), "cpu.py", CPU_BOUND)
     assert p.cmd.startswith(sys.executable)
     for jobs in ("1", "2"):
-        for k in range(3):
+        for k in range(2):
             proc = p.bisect("--jobs", jobs, out=f"j{jobs}-{k}")
             assert proc.returncode == 0, (jobs, k, proc.stderr[-2000:])
             assert culprit(result(proc)) == p.shas[6], (jobs, k)

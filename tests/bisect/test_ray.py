@@ -93,13 +93,13 @@ def _placement(cluster) -> list[str]:
 
 
 def test_ray_names_the_culprit_that_jobs_1_names_without_ray(cluster, tmp_path):
-    """A CPU-bound figure (3x at commit 5, a step a busy 2-core box cannot hide), three runs
+    """A CPU-bound figure (3x at commit 5, a step a busy 2-core box cannot hide), two runs
     each way: the same commit every time."""
     p = _project(tmp_path, step(8, 5, 500.0, 1500.0), "cpu")
-    for k in range(3):
+    for k in range(2):
         local = result(run_ft(*_args(p, f"local-{k}"), timeout=240))
         assert culprit(local) == p.shas[5], k
-    for k in range(3):
+    for k in range(2):
         rep = result(run_ft(*_args(p, f"ray-{k}", "--ray", cluster.address, "-j", "2"),
                             timeout=240))  # fmt: skip
         assert culprit(rep) == p.shas[5], k
