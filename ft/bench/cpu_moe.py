@@ -12,12 +12,13 @@ the same store, shapes and inputs, its calls interleaved with the pool's (pool, 
 one cursor through the store), each checked first like the pool. Before each timed call the
 process's threads are let go idle (`settle`, untimed): kt's workers spin ~50 ms after a call,
 on the cores the pool's next call needs, so back to back each side's figure would carry the
-other's spin. A peer is an object with
-start(threads), layer(fmt, bank, count, max_tokens, max_k) -> a layer or a "no path: ..." note,
-describe() -> dict and close(); a layer has name, method, expert_bytes (as the peer holds one),
-host_bytes (resident memory its load took: exact for the first format, later ones may reuse
-what an earlier layer freed), weights(expert) -> float32 (w13, w2) as it holds
-them, call(x, experts, weight) -> a prepared call returning out [T, D], and close().
+other's spin.
+
+A peer is an object with start(threads), layer(fmt, bank, count, max_tokens, max_k) -> a layer
+or a "no path: ..." note, describe() -> dict and close(). A layer has name, method, expert_bytes
+(as the peer holds one), host_bytes (resident memory its load took: exact for the first format,
+later ones may reuse what an earlier layer freed), weights(expert) -> float32 (w13, w2) as it
+holds them, call(x, experts, weight) -> a prepared call returning out [T, D], and close().
 """
 
 from __future__ import annotations
