@@ -6,6 +6,19 @@ and is walked in order, so a call reads experts that no recent call read: no rea
 the CPU's caches. Each format and token count is first checked against float32 torch on the
 dequantised weights. GB/s = distinct experts x bytes per expert / median seconds per call, from
 submit to wait, as hybrid runs it.
+
+With a peer (`--peer kt`: ft/bench/kt_peer.py), each cell also measures the peer's kernel on
+the same store, shapes and inputs, its calls interleaved with the pool's (pool, peer, pool, ...,
+one cursor through the store), each checked first like the pool. Before each timed call the
+process's threads are let go idle (`settle`, untimed): kt's workers spin ~50 ms after a call,
+on the cores the pool's next call needs, so back to back each side's figure would carry the
+other's spin.
+
+A peer is an object with start(threads), layer(fmt, bank, count, max_tokens, max_k) -> a layer
+or a "no path: ..." note, describe() -> dict and close(). A layer has name, method, expert_bytes
+(as the peer holds one), host_bytes (resident memory its load took: exact for the first format,
+later ones may reuse what an earlier layer freed), weights(expert) -> float32 (w13, w2) as it
+holds them, call(x, experts, weight) -> a prepared call returning out [T, D], and close().
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +40,9 @@ from ft.errors import FtError
 HIDDEN, INTER = 2048, 768
 WARMUP_CALLS = 5  # dropped: the first calls wake sleeping workers and fault in the plan's pages
 ROUTER_WEIGHT = 0.5  # every token's weight for every expert of a call
+CHECKED = [0, 1]  # the experts of each side's check call
+PEERS = ("kt",)  # `--peer`: kernels measured beside the pool
+SETTLE_WINDOW_S, SETTLE_IDLE, SETTLE_MAX_S = 0.005, 0.2, 0.5  # idle: < 20% of a core
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,8 @@ class CpuMoeBenchConfig:
     store_gib: float = 1.0  # per format: larger than the CPU's caches
     threads: int | None = None  # pool threads (default: physical cores - 1)
     computes: tuple[str, ...] = ("auto",)  # pool compute modes, e.g. auto,native
+    peer: str | None = None  # a peer's kernel measured beside the pool's, interleaved
+    settle: bool = True  # with a peer: each timed call starts once the process is idle
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.formats if f not in FORMATS]
@@ -57,75 +76,193 @@ class CpuMoeBenchConfig:
             raise FtError("--calls must be >= 1 and --store-gib positive")
         if self.threads is not None and self.threads < 1:
             raise FtError(f"--threads must be at least 1, got {self.threads}")
+        if self.peer is not None and self.peer not in PEERS:
+            raise FtError(f"--peer: unknown peer {self.peer!r}; known: {', '.join(PEERS)}")
 
 
-def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print) -> dict:
+def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print,
+                peer: Any = None) -> dict:  # fmt: skip
     """{threads, stream_read_gbs, hidden, inter, rows: one per format, compute, tokens and
-    experts per call}."""
+    experts per call; with a peer, peer: what it is and what each format's layer holds}.
+    `peer`: a peer object (module docstring); default: the one `cfg.peer` names."""
+    if peer is None and cfg.peer:
+        peer = make_peer(cfg.peer)  # not installed: FtError before any store is filled
     with CpuMoeExecutor(threads=cfg.threads) as pool:
         threads = pool.threads  # what the default resolves to on this box
     progress("host read bandwidth")
     read = cpu_stream_read_gbs(1 << 30, threads, 10, 2)
-    rows = []
-    for name in cfg.formats:
-        fmt = FORMATS[name]
-        progress(f"{name}: filling a {cfg.store_gib:g} GiB store")
-        count = max(4 * max(cfg.experts_per_call), int(cfg.store_gib * 2**30 / _bytes(fmt)) + 1)
-        _, bank = fmt.make_store(count, HIDDEN, INTER, pin=False)
-        for compute in cfg.computes:
-            progress(f"{name}: pool compute={compute}")
-            with CpuMoeExecutor(threads=threads, compute=compute) as pool:
-                rows += _measure_format(pool, fmt, bank, count, compute, cfg, read)
-        del bank  # one format's store in memory at a time
-    return dict(threads=threads, stream_read_gbs=read, hidden=HIDDEN, inter=INTER, rows=rows)
+    rows, layers = [], {}
+    if peer is not None:
+        peer.start(threads)
+    try:
+        for name in cfg.formats:
+            fmt = FORMATS[name]
+            progress(f"{name}: filling a {cfg.store_gib:g} GiB store")
+            count = max(4 * max(cfg.experts_per_call), int(cfg.store_gib * 2**30 / _bytes(fmt)) + 1)
+            _, bank = fmt.make_store(count, HIDDEN, INTER, pin=False)
+            other = None
+            if peer is not None:
+                progress(f"{name}: {peer.name} loads the store")
+                most = max(cfg.tokens), max(len(CHECKED), *cfg.experts_per_call)
+                other = peer.layer(fmt, bank, count, *most)
+                layers[name] = _layer_info(other, count, fmt)
+            try:
+                for compute in cfg.computes:
+                    progress(f"{name}: pool compute={compute}")
+                    with CpuMoeExecutor(threads=threads, compute=compute) as pool:
+                        rows += _measure_format(pool, fmt, bank, count, compute, cfg, read, other)
+                if other is not None and not isinstance(other, str):
+                    layers[name]["reads_our_store"] = _reads_our_store(other, fmt, bank)
+            finally:
+                if other is not None and not isinstance(other, str):
+                    other.close()
+            del bank, other  # one format's store in memory at a time
+    finally:
+        if peer is not None:
+            peer.close()
+    result = dict(threads=threads, stream_read_gbs=read, hidden=HIDDEN, inter=INTER, rows=rows)
+    if peer is not None:
+        result["peer"] = dict(peer.describe(), layers=layers, settle=cfg.settle)
+    return result
 
 
-def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg, read) -> list:
+def make_peer(name: str):
+    """The peer `--peer` names; FtError (one line, how to install it) where it is not here."""
+    from ft.bench.kt_peer import KtPeer  # kt-kernel: only for --peer kt
+
+    return {"kt": KtPeer}[name]()
+
+
+def _layer_info(layer, count: int, fmt: BenchFormat) -> dict:
+    """What the peer's layer holds beside our store: its bytes per expert, the store as it
+    holds it, and the resident memory its load took (a copy, or pointers into ours)."""
+    if isinstance(layer, str):
+        return dict(note=layer)
+    return dict(
+        method=layer.method, experts=count, expert_bytes=layer.expert_bytes,
+        held_mib=round(count * layer.expert_bytes / 2**20, 1),
+        ours_mib=round(count * _bytes(fmt) / 2**20, 1), rss_mib=round(layer.host_bytes / 2**20, 1),
+    )  # fmt: skip
+
+
+def _reads_our_store(layer, fmt: BenchFormat, bank) -> bool:
+    """Whether the peer still computes from our store after its load: its output changes when
+    our store is zeroed (last thing done with the store)."""
+    x = torch.randn(1, HIDDEN).to(fmt.dtype)
+    before = layer.call(x, CHECKED, ROUTER_WEIGHT)().clone()
+    for part in bank.values():
+        part.zero_()
+    return not torch.equal(before, layer.call(x, CHECKED, ROUTER_WEIGHT)())
+
+
+class _PoolSide:
+    """The pool as one side of a cell, shaped like a peer's layer."""
+
+    name = "the pool"
+
+    def __init__(self, pool: CpuMoeExecutor, fmt: BenchFormat, bank) -> None:
+        self.pool, self.fmt, self.bank, self.expert_bytes = pool, fmt, bank, _bytes(fmt)
+
+    def weights(self, expert: int):
+        return self.fmt.form.dequantize({k: t[expert] for k, t in self.bank.items()}, torch.float32)
+
+    def call(self, x, experts: list[int], weight: float):
+        jobs = _jobs(self.bank, self.fmt.form.name, experts, x.shape[0], weight)
+        return lambda: self.pool.submit(x, jobs).wait()
+
+
+def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg, read,
+                    other=None) -> list:  # fmt: skip
+    """One row per tokens x experts per call; `other`: the peer's layer, a "no path" note, or
+    None (no peer)."""
+    sides = {"": _PoolSide(pool, fmt, bank)}  # row key prefix -> side
+    if other is not None and not isinstance(other, str):
+        sides["peer_"] = other
     rows, cursor = [], 0
     for tokens in cfg.tokens:
-        err = _check(pool, fmt, bank, tokens)
-        x = torch.randn(tokens, HIDDEN, dtype=fmt.dtype)
+        x = torch.randn(tokens, HIDDEN).to(fmt.dtype)
+        errs = {key: _verify(side.name, side, fmt, x) for key, side in sides.items()}
         for k in cfg.experts_per_call:
-            times = []
+            times = {key: [] for key in sides}
             for call in range(WARMUP_CALLS + cfg.calls):
-                experts = [(cursor + j) % count for j in range(k)]
-                cursor += k
-                jobs = _jobs(bank, fmt.form.name, experts, tokens)
-                start = time.perf_counter()
-                pool.submit(x, jobs).wait()
-                if call >= WARMUP_CALLS:
-                    times.append(time.perf_counter() - start)
-            secs = statistics.median(times)
-            gbs = k * _bytes(fmt) / secs / 1e9
-            rows.append(dict(
-                fmt=fmt.name, compute=compute, tokens=tokens, experts=k, us=round(secs * 1e6, 1),
-                gbs=round(gbs, 2), of_read=round(gbs / read, 3) if read else None, max_err=err,
-            ))  # fmt: skip
+                for key, side in sides.items():  # interleaved: the pool's call, the peer's, ...
+                    run = side.call(x, [(cursor + j) % count for j in range(k)], ROUTER_WEIGHT)
+                    cursor += k
+                    if len(sides) > 1 and cfg.settle:
+                        settle()
+                    start = time.perf_counter()
+                    run()
+                    if call >= WARMUP_CALLS:
+                        times[key].append(time.perf_counter() - start)
+            row = dict(fmt=fmt.name, compute=compute, tokens=tokens, experts=k)
+            for key, side in sides.items():
+                row.update(_cell(key, times[key], k * side.expert_bytes, read, errs[key]))
+            if other is not None:
+                row.update(_peer_cells(row, other))
+            rows.append(row)
     return rows
+
+
+def settle() -> None:
+    """Sleep until this process's threads are idle (under SETTLE_IDLE of a core over a
+    window), at most SETTLE_MAX_S: no worker of either side still spinning from its last call."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < SETTLE_MAX_S:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(SETTLE_WINDOW_S)
+        if time.process_time() - cpu < SETTLE_IDLE * (time.perf_counter() - wall):
+            return
+
+
+def _cell(key: str, times: list[float], nbytes: int, read: float, err: float) -> dict:
+    secs = statistics.median(times)
+    gbs = nbytes / secs / 1e9
+    of_read = round(gbs / read, 3) if read else None
+    return {f"{key}us": round(secs * 1e6, 1), f"{key}gbs": round(gbs, 2),
+            f"{key}of_read": of_read, f"{key}max_err": err}  # fmt: skip
+
+
+def _peer_cells(row: dict, other) -> dict:
+    """ratio = the pool's GB/s / the peer's; where the peer has no path, its note instead."""
+    if isinstance(other, str):
+        return dict(peer_us=None, peer_gbs=None, peer_of_read=None, peer_max_err=None,
+                    ratio=None, peer_note=other)  # fmt: skip
+    return dict(ratio=round(row["gbs"] / row["peer_gbs"], 2), peer_note=None)
 
 
 def _bytes(fmt: BenchFormat) -> int:
     return fmt.expert_bytes(HIDDEN, INTER)
 
 
-def _jobs(bank, fmt: str, experts: list[int], tokens: int) -> list[ExpertJob]:
-    rows, weights = torch.arange(tokens), torch.full((tokens,), ROUTER_WEIGHT)
+def _jobs(bank, fmt: str, experts: list[int], tokens: int,
+          weight: float = ROUTER_WEIGHT) -> list[ExpertJob]:  # fmt: skip
+    rows, weights = torch.arange(tokens), torch.full((tokens,), weight)
     return [ExpertJob({k: t[e] for k, t in bank.items()}, rows, weights, fmt) for e in experts]
 
 
 def _check(pool: CpuMoeExecutor, fmt: BenchFormat, bank, tokens: int) -> float:
-    """Max abs error of a two-expert call against float32 torch on the dequantised weights;
-    FtError where it is off by more than float32 rounding (a figure of a wrong kernel is no
-    figure)."""
+    """The pool's max abs error on a two-expert call against float32 torch (_verify)."""
     x = torch.randn(tokens, HIDDEN).to(fmt.dtype)
-    jobs = _jobs(bank, fmt.form.name, [0, 1], tokens)
-    got = pool.submit(x, jobs).wait()
+    return _verify("the pool", _PoolSide(pool, fmt, bank), fmt, x)
+
+
+def _verify(label: str, side, fmt: BenchFormat, x) -> float:
+    """Max abs error of `side`'s two-expert call on x against float32 torch on the weights it
+    holds; FtError where it is off by more than float32 rounding plus its output dtype's (a
+    figure of a wrong kernel is no figure)."""
+    tokens = x.shape[0]
+    got = side.call(x, CHECKED, ROUTER_WEIGHT)()
     want = torch.zeros(tokens, HIDDEN)
-    for job in jobs:
-        w13, w2 = fmt.form.dequantize(job.parts, torch.float32)
+    for expert in CHECKED:
+        w13, w2 = side.weights(expert)
         act = F.silu(x.float() @ w13[:INTER].T) * (x.float() @ w13[INTER:].T)  # [T, I]
         want += ROUTER_WEIGHT * act @ w2.T
-    err = (got - want).abs().max().item()
-    if err > 1e-3 * max(1.0, want.abs().max().item()):
-        raise FtError(f"{fmt.name} T={tokens}: the pool differs from float32 torch by {err:.3g}")
+    if tuple(got.shape) != (tokens, HIDDEN):
+        raise FtError(f"{fmt.name} T={tokens}: {label} returned shape {tuple(got.shape)}")
+    top = want.abs().max().item()
+    err = (got.float() - want).abs().max().item()
+    allowed = 1e-3 * max(1.0, top) + torch.finfo(got.dtype).eps * top  # kt writes bf16
+    if not err <= allowed:  # NaN too
+        raise FtError(f"{fmt.name} T={tokens}: {label} differs from float32 torch by {err:.3g} "
+                      f"(allowed {allowed:.2g}); no figure for it")  # fmt: skip
     return err

@@ -47,6 +47,20 @@ def bench_cpu_moe(
             "native / float32 (the row-block task path)."
         ),
     ] = "auto",  # fmt: skip
+    peer: Annotated[
+        str | None,
+        typer.Option(
+            help="Measure a peer's CPU MoE kernel beside the pool, calls interleaved: kt "
+            "(kt-kernel; pip install --no-deps kt-kernel==0.7.2)."
+        ),
+    ] = None,
+    settle: Annotated[
+        bool,
+        typer.Option(
+            help="With --peer: start each timed call once this process's threads are idle "
+            "(kt's workers spin ~50 ms after a call, on the cores the next call needs)."
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The CPU MoE pool's GB/s of expert bytes per format, experts per call and tokens, as a
@@ -56,7 +70,7 @@ def bench_cpu_moe(
     cfg = CpuMoeBenchConfig(
         formats=_names(formats), experts_per_call=int_list(experts_per_call, "--experts-per-call"),
         tokens=int_list(tokens, "--tokens"), calls=calls, store_gib=store_gib, threads=threads,
-        computes=_names(compute),
+        computes=_names(compute), peer=peer, settle=settle,
     )  # fmt: skip
     err = Console(stderr=True)
     result = run_cpu_moe(cfg, lambda stage: err.print(f"[dim]{stage}[/dim]"))
@@ -67,15 +81,44 @@ def bench_cpu_moe(
 
 
 def _render(result: dict) -> None:
-    read = result["stream_read_gbs"]
-    table = Table(
-        title=f"ft bench cpu-moe: {result['threads']} threads, D={result['hidden']} "
+    read, peer = result["stream_read_gbs"], result.get("peer")
+    title = (
+        f"ft bench cpu-moe: {result['threads']} threads, D={result['hidden']} "
         f"I={result['inter']}, host read {read} GB/s"
     )
-    for column in ("format", "compute", "tokens", "experts/call", "us/call", "GB/s", "of read"):
+    columns = ["format", "compute", "tokens", "experts/call", "us/call", "GB/s", "of read"]
+    if peer:
+        title += f"; beside {peer['name']} {peer['version']} ({peer['variant']})"
+        columns += [f"{peer['name']} us/call", f"{peer['name']} GB/s", f"ft/{peer['name']}"]
+    table = Table(title=title)
+    for column in columns:
         table.add_column(column, justify="left" if column in ("format", "compute") else "right")
     for r in result["rows"]:
-        of_read = "-" if r["of_read"] is None else f"{r['of_read']:.2f}"
-        table.add_row(r["fmt"], r["compute"], str(r["tokens"]), str(r["experts"]),
-                      f"{r['us']:.0f}", f"{r['gbs']:.2f}", of_read)  # fmt: skip
+        cells = [r["fmt"], r["compute"], str(r["tokens"]), str(r["experts"]), f"{r['us']:.0f}",
+                 f"{r['gbs']:.2f}", _fraction(r["of_read"])]  # fmt: skip
+        if peer and r["peer_note"]:
+            cells += [r["peer_note"].split(":")[0], "", ""]
+        elif peer:
+            cells += [f"{r['peer_us']:.0f}", f"{r['peer_gbs']:.2f}", f"{r['ratio']:.2f}"]
+        table.add_row(*cells)
     Console().print(table)
+    if peer:
+        _render_layers(peer)
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _render_layers(peer: dict) -> None:
+    """What the peer holds per format beside our store, and why a format has no path."""
+    for fmt, layer in peer["layers"].items():
+        if "note" in layer:
+            Console().print(f"{fmt}: {peer['name']} {layer['note']}")
+            continue
+        Console().print(
+            f"{fmt}: {peer['name']} {layer['method']} holds {layer['held_mib']} MiB for our "
+            f"{layer['ours_mib']} MiB ({layer['experts']} experts); its load grew RSS by "
+            f"{layer['rss_mib']} MiB; "
+            + ("it reads our store" if layer.get("reads_our_store") else "it keeps its own copy")
+        )
