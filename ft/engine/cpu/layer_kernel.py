@@ -12,9 +12,9 @@ split so that every worker streams contiguous rows:
   phase 2: worker w takes rows [d0, d1) of D of w2 (each a contiguous row of I) and writes
            out[:, d0:d1], summed over experts: no partial sums to reduce, no shared writes.
 Per row the weights are decoded into a float32 buffer in L1 (vectorised: bf16 by a shift,
-int8 by a convert, e4m3 and e2m1 by bit arithmetic, no table gathers), then dotted with the
-row's tokens in float32, four tokens a pass over the buffer. Scales that are constant along a
-row (int8's per-row scale, nvfp4's per-tensor scale) multiply the dot product, not the weights.
+int8 by a convert, e4m3 and e2m1 by bit arithmetic, no table gathers), then dotted with each of
+the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
+nvfp4's per-tensor scale) multiply the dot product, not the weights.
 Legend: T = tokens of the call, D = hidden, I = expert intermediate, n = tokens of one expert.
 """
 
@@ -139,26 +139,6 @@ def _dot(w, v, cols):
 
 
 @jit(fastmath=True)
-def _dots(w, vecs, idx, t0, t1, cols, res):
-    """res[t - t0] = w . vecs[idx[t]] for t in [t0, t1): four tokens a pass over the decoded
-    row, so a batch of four reads it from L1 once, not four times."""
-    t = t0
-    while t + 4 <= t1:
-        a, b, c, d = vecs[idx[t]], vecs[idx[t + 1]], vecs[idx[t + 2]], vecs[idx[t + 3]]
-        s0 = s1 = s2 = s3 = np.float32(0.0)
-        for j in range(cols):
-            wj = w[j]
-            s0 += wj * a[j]
-            s1 += wj * b[j]
-            s2 += wj * c[j]
-            s3 += wj * d[j]
-        res[t - t0], res[t - t0 + 1], res[t - t0 + 2], res[t - t0 + 3] = s0, s1, s2, s3
-        t += 4
-    for r in range(t, t1):
-        res[r - t0] = _dot(w, vecs[idx[r]], cols)
-
-
-@jit(fastmath=True)
 def _silu(a):
     return a / (np.float32(1.0) + np.exp(-a))
 
@@ -187,21 +167,18 @@ def run_call(plan, worker, ctrl, gen):
     out = carray(address(plan[OUT]), (tokens, hidden), np.float32)
     buf = np.empty(max(hidden, inter), np.float32)
     parts = np.empty(PARTS, np.int64)
-    gate, up = np.empty(max(pairs, 1), np.float32), np.empty(max(pairs, 1), np.float32)
-    pair_ids = np.arange(max(pairs, 1))  # act's rows, in order
 
     i0, i1 = worker * inter // workers, (worker + 1) * inter // workers
     for e in range(k):
         _expert_parts(plan, e, parts)
-        t0, t1 = starts[e], starts[e + 1]
         for i in range(i0, i1):
             gate_scale = decode_row(fmt, parts, W13, i, hidden, inter, buf)
-            _dots(buf, x, rows, t0, t1, hidden, gate)
+            for t in range(starts[e], starts[e + 1]):
+                act[t, i] = _dot(buf, x[rows[t]], hidden) * gate_scale
             up_scale = decode_row(fmt, parts, W13, inter + i, hidden, inter, buf)
-            _dots(buf, x, rows, t0, t1, hidden, up)
-            for t in range(t0, t1):
-                g = gate[t - t0] * gate_scale
-                act[t, i] = _silu(g) * up[t - t0] * up_scale * weights[t]
+            for t in range(starts[e], starts[e + 1]):
+                up = _dot(buf, x[rows[t]], hidden) * up_scale
+                act[t, i] = _silu(act[t, i]) * up * weights[t]
 
     # every worker's act is needed below: wait for all of this call's phase 1
     arrive(ctrl, BARRIER, gen * workers, BARRIER_SLEEPERS)
@@ -212,12 +189,10 @@ def run_call(plan, worker, ctrl, gen):
             out[t, d] = 0.0
     for e in range(k):
         _expert_parts(plan, e, parts)
-        t0, t1 = starts[e], starts[e + 1]
         for d in range(d0, d1):
             scale = decode_row(fmt, parts, W2, d, inter, inter, buf)
-            _dots(buf, act, pair_ids, t0, t1, inter, gate)
-            for t in range(t0, t1):
-                out[rows[t], d] += gate[t - t0] * scale
+            for t in range(starts[e], starts[e + 1]):
+                out[rows[t], d] += _dot(buf, act[t], inter) * scale
 
 
 @jit()
