@@ -1,6 +1,6 @@
 """LLVM instructions that numba lacks, as numba intrinsics (llvmlite) for the pool's layer
 kernel: atomics on an int64 array, x86's spin hint, raw addresses as pointers, float32 bit casts
-and the e4m3 / e2m1 decodes in 32-bit lanes, and the futex system call.
+and the e4m3 decode in 32-bit lanes, and the futex system call.
 
 Linux x86-64 only, as the pool's pinning already assumes.
 """
@@ -112,36 +112,6 @@ def e4m3_value(typingctx, byte):
         return _fsub_bits(builder, bits, corr)
 
     return types.float32(types.uint8), codegen
-
-
-def _e2m1(builder, byte, shift: int):
-    """float32 of the e2m1 code in bits [shift, shift + 4) of a byte (sign, 2 exponent bits of
-    bias 1, one mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6), as e4m3_value: 32-bit lanes, and the
-    subnormal 0.5 built as 1.5 - 1.0, no float32 denormal."""
-    i32 = ir.IntType(32)
-    c = lambda v: ir.Constant(i32, v)  # noqa: E731
-    code = builder.and_(builder.lshr(builder.zext(byte, i32), c(shift)), c(15))
-    mag = builder.and_(code, c(7))
-    sign = builder.shl(builder.and_(code, c(8)), c(28))
-    sub = builder.ashr(builder.sub(mag, c(2)), c(31))  # -1 for 0 and 0.5, else 0
-    bits = builder.add(builder.shl(mag, c(22)), c(126 << 23))
-    bits = builder.or_(builder.add(bits, builder.shl(builder.and_(sub, c(1)), c(23))), sign)
-    corr = builder.or_(builder.and_(sub, c(0x3F800000)), sign)  # 1.0 where subnormal
-    return _fsub_bits(builder, bits, corr)
-
-
-@intrinsic
-def e2m1_pair(typingctx, byte):
-    """Both e2m1 values of a byte as one uint64 (low half: the low nibble's float32 bits), to
-    store into a uint64 view of a float32 row: one contiguous store, not two interleaved."""
-
-    def codegen(context, builder, signature, args):
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        low = builder.zext(builder.bitcast(_e2m1(builder, args[0], 0), i32), i64)
-        high = builder.zext(builder.bitcast(_e2m1(builder, args[0], 4), i32), i64)
-        return builder.or_(low, builder.shl(high, ir.Constant(i64, 32)))
-
-    return types.uint64(types.uint8), codegen
 
 
 @intrinsic

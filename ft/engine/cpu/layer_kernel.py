@@ -12,7 +12,7 @@ split so that every worker streams contiguous rows:
   phase 2: worker w takes rows [d0, d1) of D of w2 (each a contiguous row of I) and writes
            out[:, d0:d1], summed over experts: no partial sums to reduce, no shared writes.
 Per row the weights are decoded into a float32 buffer in L1 (vectorised: bf16 by a shift,
-int8 by a convert, e4m3 and e2m1 by bit arithmetic, no table gathers), then dotted with each of
+int8 by a convert, e4m3 by bit arithmetic, e2m1 from a 16-entry table), then dotted with each of
 the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
 nvfp4's per-tensor scale) multiply the dot product, not the weights.
 Legend: T = tokens of the call, D = hidden, I = expert intermediate, n = tokens of one expert.
@@ -27,7 +27,6 @@ from ft.engine.cpu.intrinsics import (
     address,
     atomic_add,
     atomic_load,
-    e2m1_pair,
     e4m3_value,
     f32_of_bits,
 )
@@ -37,6 +36,8 @@ from ft.engine.cpu.sync import CALLER_SPIN, WORKER_SPIN, arrive, publish, wait_c
 # Formats the kernel reads (the plan's FMT word).
 F32, BF16, INT8, FP8, NVFP4 = 0, 1, 2, 3, 4
 FP8_BLOCK, NVFP4_GROUP = 128, 16
+# e2m1's values by code (sign, 2 exponent bits of bias 1, 1 mantissa bit)
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
 # The control block: one word per cache line (sync.control_block), index = word * 8.
 GEN, STOP, PLAN, DONE, BARRIER, WORKER_SLEEPERS, CALLER_SLEEPERS, BARRIER_SLEEPERS = (
@@ -87,15 +88,15 @@ def _decode_fp8(src, scales, buf):
 
 @jit(fastmath=True)
 def _decode_nvfp4(src, scales, buf):
-    """src [C / 2] two e2m1 codes a byte (element 2j low nibble); scales e4m3 [C / 16]."""
-    pairs = buf[: 2 * src.shape[0]].view(np.uint64)
-    for j in range(src.shape[0]):
-        pairs[j] = e2m1_pair(src[j])
+    """src [C / 2] two e2m1 codes a byte (element 2j low nibble); scales e4m3 [C / 16]. Per
+    group of 16: the codes' values from E2M1's 16 entries times the group's scale, in one pass
+    (bit arithmetic, then a pass of scales over the row, took 1.6-2.2x as long)."""
     for g in range(scales.shape[0]):
         s = e4m3_value(scales[g])
-        group = buf[g * NVFP4_GROUP : (g + 1) * NVFP4_GROUP]  # a slice: the loop vectorises
-        for j in range(NVFP4_GROUP):
-            group[j] *= s
+        for j in range(NVFP4_GROUP // 2):
+            code = src[g * (NVFP4_GROUP // 2) + j]
+            buf[g * NVFP4_GROUP + 2 * j] = E2M1[code & 15] * s
+            buf[g * NVFP4_GROUP + 2 * j + 1] = E2M1[code >> 4] * s
 
 
 @jit(fastmath=True)
