@@ -193,15 +193,20 @@ class _FormatBench:
 
     def overlapped(self) -> tuple[float | None, float | None]:
         """Copies loop on a side thread while the pool computes; keep what ran in both."""
-        stop, gpu = threading.Event(), []
+        stop, warmed, gpu = threading.Event(), threading.Event(), []
 
         def copy_loop() -> None:
             while not stop.is_set():
                 gpu.append(timed(lambda: self.gather.fetch(self._next_experts("gpu"))))
+                if len(gpu) > self.cfg.warmup:
+                    warmed.set()
 
         copier = threading.Thread(target=copy_loop, name="ft-bench-gather")
         copier.start()
         try:
+            # the pool is timed beside copies past their warm-up: on a busy 2-core box the
+            # copier could otherwise get no turn before the pool's short run ends (no figure)
+            warmed.wait(timeout=60)
             cpu = self.cpu_samples(self.cfg.warmup + self.cfg.samples)
         finally:
             stop.set()

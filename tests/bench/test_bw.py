@@ -72,6 +72,21 @@ def test_gather_and_overlap_logic_on_cpu_slots():
     assert cpu_gbs > 0 and gather_gbs > 0
 
 
+def test_overlap_waits_for_copies_past_their_warm_up():
+    """Copies much slower than the pool's whole run still give a figure: the pool is timed only
+    once the copier is past its warm-up (on a busy 2-core box it once got no turn at all)."""
+    import time
+
+    cfg = BwConfig(quick=True, threads=1, device="cpu")
+    store = FORMATS["bf16"].make_store(cfg.synth_experts, cfg.hidden, cfg.inter, pin=False)
+    with CpuMoeExecutor(threads=1) as pool:
+        bench = _FormatBench(FORMATS["bf16"], cfg, pool, store, torch.device("cpu"))
+        fetch = bench.gather.fetch
+        bench.gather.fetch = lambda ids: (time.sleep(0.05), fetch(ids))[1]
+        cpu_gbs, gather_gbs = bench.overlapped()
+    assert cpu_gbs > 0 and gather_gbs > 0
+
+
 def test_config_errors():
     with pytest.raises(FtError, match="unknown"):
         BwConfig(formats=("nvfp5",))
