@@ -16,7 +16,7 @@ from ft.probes.sampler import sampler_config
 
 @dataclass(frozen=True)
 class MeasuredCost:
-    box: str  # "gpu": the H200 box; "cpu": the 2-core CI box (docs/performance.md, Machines)
+    box: str  # "gpu": a GPU box; "cpu": the 2-core CI box (docs/performance.md, Machines)
     stack_source: str
     interval: float  # threads and GPU, seconds
     agent_interval: float
@@ -27,23 +27,39 @@ class MeasuredCost:
     command: str
 
 
-_CPU_COMMAND = (  # /tmp/probes-tiny: ft model synth --preset tiny
-    "ft bench probes --model /tmp/probes-tiny --prompts 6 --max-tokens 256 --repeats 6 "
-    "--sources agent,py-spy,auto --fast 5"
-)
-_CPU_DATE = "2026-12-04"
+def _rows(box: str, date: str, command: str, table: tuple) -> tuple[MeasuredCost, ...]:
+    """One run of `ft bench probes`: (source, interval, agent interval, pct, low, high) rows."""
+    return tuple(MeasuredCost(box, *row[:6], date, command) for row in table)
+
+
 # The CI box was shared with two other sessions while measured: runs without probes spread 70%,
-# so each interval is some +-8% wide; see docs/performance.md. The H200 rows wait on its run.
-MEASURED: tuple[MeasuredCost, ...] = tuple(
-    MeasuredCost("cpu", source, interval, agent, pct, low, high, _CPU_DATE, _CPU_COMMAND)
-    for source, interval, agent, pct, low, high in (
+# so each interval is some +-8% wide. On the GPU box (H100, 8 layers of qwen3-30b-a3b, offload)
+# three rounds only: runs without probes spread 14%, so each interval is some +-15-30% wide;
+# the medians read auto 2.0% and agent -2.8% below none. See docs/diagnose.md.
+MEASURED: tuple[MeasuredCost, ...] = _rows(
+    "cpu",
+    "2026-12-04",
+    "ft bench probes --model /tmp/probes-tiny --prompts 6 --max-tokens 256 --repeats 6 "
+    "--sources agent,py-spy,auto --fast 5",  # /tmp/probes-tiny: ft model synth --preset tiny
+    (
         ("agent", 0.5, 0.1, 7.2, -3.1, 17.6),
         ("agent", 0.1, 0.02, 2.6, -8.6, 13.9),
         ("py-spy", 0.5, 0.1, 9.2, -1.3, 19.7),
         ("py-spy", 0.1, 0.02, 14.4, 9.8, 19.0),
         ("auto", 0.5, 0.1, -0.3, -8.5, 8.0),
         ("auto", 0.1, 0.02, 7.8, 2.3, 13.2),
-    )
+    ),
+) + _rows(
+    "gpu",
+    "2026-12-05",
+    "ft bench probes --model /tmp/q8 --serve-args '--moe-strategy offload --moe-cache-rate 0.15' "
+    "--prompts 6 --max-tokens 192 --repeats 3 --sources auto,agent",  # /tmp/q8: 8 layers
+    (
+        ("auto", 0.5, 0.1, 7.9, -24.5, 40.2),
+        ("auto", 0.1, 0.02, -0.8, -25.5, 23.9),
+        ("agent", 0.5, 0.1, -0.8, -16.5, 14.8),
+        ("agent", 0.1, 0.02, 7.7, 0.3, 15.1),
+    ),
 )
 
 

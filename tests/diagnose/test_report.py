@@ -140,3 +140,8 @@ def test_the_cost_table_covers_diagnose_defaults_for_every_stack_source():
     for source in STACK_SOURCES:
         row = expected_cost("cpu", source, d.interval, d.agent_interval)
         assert row is not None and row.low_pct <= row.overhead_pct <= row.high_pct, source
+    # the GPU box has rows for the default source and the agent (py-spy alone not measured there)
+    for source in ("auto", "agent"):
+        row = expected_cost("gpu", source, d.interval, d.agent_interval)
+        assert row is not None and row.low_pct <= row.overhead_pct <= row.high_pct, source
+    assert expected_cost("gpu", "py-spy", d.interval, d.agent_interval) is None
