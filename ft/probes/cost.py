@@ -32,22 +32,22 @@ def _rows(box: str, date: str, command: str, table: tuple) -> tuple[MeasuredCost
     return tuple(MeasuredCost(box, *row[:6], date, command) for row in table)
 
 
-# The CI box was shared with two other sessions while measured: runs without probes spread 70%,
-# so each interval is some +-8% wide. On the GPU box (H100, 8 layers of qwen3-30b-a3b, offload)
-# three rounds only: runs without probes spread 14%, so each interval is some +-15-30% wide;
-# the medians read auto 2.0% and agent -2.8% below none. See docs/diagnose.md.
+# The CI box's kind (2 vCPU Xeon), quiet, 8 rounds: intervals some +-2-4% wide. The GPU box
+# (H100, 8 layers of qwen3-30b-a3b, offload), three rounds only: runs without probes spread 14%,
+# so each interval is some +-15-30% wide; the medians read auto 2.0% and agent -2.8% below none.
+# See docs/diagnose.md.
 MEASURED: tuple[MeasuredCost, ...] = _rows(
     "cpu",
-    "2026-12-04",
-    "ft bench probes --model /tmp/probes-tiny --prompts 6 --max-tokens 256 --repeats 6 "
+    "2026-12-05",
+    "ft bench probes --model /tmp/probes-tiny --prompts 6 --max-tokens 256 --repeats 8 "
     "--sources agent,py-spy,auto --fast 5",  # /tmp/probes-tiny: ft model synth --preset tiny
     (
-        ("agent", 0.5, 0.1, 7.2, -3.1, 17.6),
-        ("agent", 0.1, 0.02, 2.6, -8.6, 13.9),
-        ("py-spy", 0.5, 0.1, 9.2, -1.3, 19.7),
-        ("py-spy", 0.1, 0.02, 14.4, 9.8, 19.0),
-        ("auto", 0.5, 0.1, -0.3, -8.5, 8.0),
-        ("auto", 0.1, 0.02, 7.8, 2.3, 13.2),
+        ("agent", 0.5, 0.1, 0.8, -1.8, 3.5),
+        ("agent", 0.1, 0.02, 2.6, 0.5, 4.7),
+        ("py-spy", 0.5, 0.1, 0.9, -1.0, 2.9),
+        ("py-spy", 0.1, 0.02, 5.0, 2.3, 7.8),
+        ("auto", 0.5, 0.1, 2.4, 0.9, 3.9),
+        ("auto", 0.1, 0.02, 4.2, 0.5, 7.8),
     ),
 ) + _rows(
     "gpu",
