@@ -33,33 +33,35 @@ def _rows(box: str, date: str, command: str, table: tuple) -> tuple[MeasuredCost
 
 
 # The CI box's kind (2 vCPU Xeon), quiet, 8 rounds: intervals some +-2-4% wide. The GPU box
-# (H100, 8 layers of qwen3-30b-a3b, offload), three rounds only: runs without probes spread 14%,
-# so each interval is some +-15-30% wide; the medians read auto 2.0% and agent -2.8% below none.
+# (H100, 8 layers of qwen3-30b-a3b, offload): the default over 8 rounds (+-4%); the other
+# settings over 3 rounds only (runs without probes spread 14%: intervals +-15-30%).
 # See docs/diagnose.md.
-MEASURED: tuple[MeasuredCost, ...] = _rows(
-    "cpu",
-    "2026-12-05",
+_CPU_RUN = (  # /tmp/probes-tiny: ft model synth --preset tiny
     "ft bench probes --model /tmp/probes-tiny --prompts 6 --max-tokens 256 --repeats 8 "
-    "--sources agent,py-spy,auto --fast 5",  # /tmp/probes-tiny: ft model synth --preset tiny
-    (
-        ("agent", 0.5, 0.1, 0.8, -1.8, 3.5),
-        ("agent", 0.1, 0.02, 2.6, 0.5, 4.7),
-        ("py-spy", 0.5, 0.1, 0.9, -1.0, 2.9),
-        ("py-spy", 0.1, 0.02, 5.0, 2.3, 7.8),
-        ("auto", 0.5, 0.1, 2.4, 0.9, 3.9),
-        ("auto", 0.1, 0.02, 4.2, 0.5, 7.8),
-    ),
-) + _rows(
-    "gpu",
-    "2026-12-05",
+    "--sources agent,py-spy,auto --fast 5"
+)
+_GPU_RUN = (  # /tmp/q8: ft model synth --preset qwen3-30b-a3b --layers 8
     "ft bench probes --model /tmp/q8 --serve-args '--moe-strategy offload --moe-cache-rate 0.15' "
-    "--prompts 6 --max-tokens 192 --repeats 3 --sources auto,agent",  # /tmp/q8: 8 layers
-    (
-        ("auto", 0.5, 0.1, 7.9, -24.5, 40.2),
-        ("auto", 0.1, 0.02, -0.8, -25.5, 23.9),
-        ("agent", 0.5, 0.1, -0.8, -16.5, 14.8),
-        ("agent", 0.1, 0.02, 7.7, 0.3, 15.1),
-    ),
+    "--prompts 6 --max-tokens 192"
+)
+_CPU = (
+    ("agent", 0.5, 0.1, 0.8, -1.8, 3.5),
+    ("agent", 0.1, 0.02, 2.6, 0.5, 4.7),
+    ("py-spy", 0.5, 0.1, 0.9, -1.0, 2.9),
+    ("py-spy", 0.1, 0.02, 5.0, 2.3, 7.8),
+    ("auto", 0.5, 0.1, 2.4, 0.9, 3.9),
+    ("auto", 0.1, 0.02, 4.2, 0.5, 7.8),
+)
+_GPU_DEFAULT = (("auto", 0.5, 0.1, 1.3, -2.7, 5.4),)
+_GPU_OTHERS = (
+    ("auto", 0.1, 0.02, -0.8, -25.5, 23.9),
+    ("agent", 0.5, 0.1, -0.8, -16.5, 14.8),
+    ("agent", 0.1, 0.02, 7.7, 0.3, 15.1),
+)
+MEASURED: tuple[MeasuredCost, ...] = (
+    _rows("cpu", "2026-12-05", _CPU_RUN, _CPU)
+    + _rows("gpu", "2026-12-05", _GPU_RUN + " --repeats 8 --sources auto --fast 0", _GPU_DEFAULT)
+    + _rows("gpu", "2026-12-05", _GPU_RUN + " --repeats 3 --sources auto,agent", _GPU_OTHERS)
 )
 
 
