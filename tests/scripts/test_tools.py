@@ -48,6 +48,6 @@ def test_the_h200_llamacpp_script_parses_and_refuses_an_unknown_step(tmp_path):
     script = str(REPO_ROOT / "scripts" / "llamacpp_h200.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     proc = subprocess.run(["bash", script, "deploy"], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 1 and "the step is build or measure" in proc.stdout
+    assert proc.returncode == 1 and "the step is build, measure or all" in proc.stdout
     proc = subprocess.run(["bash", script, "build"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 1 and "llama.cpp-src.tar.xz" in proc.stdout
