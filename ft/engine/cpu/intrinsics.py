@@ -1,15 +1,16 @@
 """LLVM instructions that numba lacks, as numba intrinsics (llvmlite) for the pool's layer
 kernel: atomics on an int64 array, x86's spin hint, raw addresses as pointers, float32 bit casts
-and the e4m3 decode in 32-bit lanes, and the futex system call.
+and the e4m3 decode in 32-bit lanes, the futex system call, and an int8 dot in integer lanes.
 
 Linux x86-64 only, as the pool's pinning already assumes.
 """
 
 from __future__ import annotations
 
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 SYS_FUTEX = 202  # x86-64
@@ -131,3 +132,109 @@ def futex(typingctx, addr, op, value):
         return builder.call(fn, call)
 
     return types.int64(addr, op, value), codegen
+
+
+Q8_BLOCK = 32  # elements per activation scale in q8_dot (llama.cpp's Q8_0 block)
+
+
+def _target_features() -> dict[str, bool]:
+    """The features numba compiles for: the host's, or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES's."""
+    if config.CPU_NAME in (None, "host"):
+        return dict(llvm.get_host_cpu_features())
+    return {f[1:]: f[0] == "+" for f in (config.CPU_FEATURES or "").split(",") if f}
+
+
+# The integer dot's instructions: VNNI's vpdpbusd (AVX-VNNI, or AVX512-VNNI with 256-bit
+# forms), else AVX2's vpmaddubsw + vpmaddwd, else generic vector IR (any x86-64; slower: vpmulld)
+_TARGET = _target_features()
+VNNI = bool(_TARGET.get("avxvnni") or (_TARGET.get("avx512vnni") and _TARGET.get("avx512vl")))
+AVX2 = bool(_TARGET.get("avx2"))
+
+
+def _lanes(builder, v, which):
+    """The vector of v's lanes `which`, in that order."""
+    which = list(which)
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), len(which)), which)
+    return builder.shuffle_vector(v, v, mask)
+
+
+def _fast(instr):
+    instr.flags.append("fast")  # reassociation and contraction: an fma, no ordered sums
+    return instr
+
+
+def _call(builder, name, ret, args):
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), args)
+
+
+def _block_sums(builder, wv, xv):
+    """<8 x i32> whose lanes sum to the dot of two <32 x i8> (values in [-127, 127]), each lane
+    the sum of 4 neighbouring products. x86 multiplies unsigned by signed bytes: |w| times x
+    with w's sign (llama.cpp's AVX2 Q8_0 dot); no 16-bit sum saturates (2 * 127 * 127 < 2^15)."""
+    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+    v32i8, v16i16, v8i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+    if AVX2:
+        ax = _call(builder, "llvm.abs.v32i8", v32i8, [wv, ir.Constant(ir.IntType(1), 0)])
+        sx = _call(builder, "llvm.x86.avx2.psign.b", v32i8, [xv, wv])
+        if VNNI:
+            zero = ir.Constant(v8i32, [0] * 8)
+            return _call(builder, "llvm.x86.avx512.vpdpbusd.256", v8i32, [zero, ax, sx])
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [ax, sx])
+        ones = ir.Constant(v16i16, [1] * 16)
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", v8i32, [pairs, ones])
+    wide = ir.VectorType(i32, 32)
+    prod = builder.mul(builder.sext(wv, wide), builder.sext(xv, wide))
+    quarters = [_lanes(builder, prod, range(q, 32, 4)) for q in range(4)]
+    return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
+
+
+# independent float accumulators in q8_dot: each block's multiply-add waits for the previous one
+# into the same accumulator (4 cycles), and one chain made T=4 calls ~6x slower per token
+Q8_CHAINS = 4
+
+
+@intrinsic
+def q8_dot(typingctx, w, x, s, blocks):
+    """sum over b < blocks of s[b] * (the int32 dot of w and x over [32 b, 32 b + 32)), float32;
+    w and x int8 arrays (values in [-127, 127]), s float32. Vector IR, because numba widens int8
+    products to int64 lanes: per block, the integer sums of _block_sums, converted to float and
+    multiplied by the block's scale into 8 float lanes (Q8_CHAINS accumulators, block b into
+    b % Q8_CHAINS); one horizontal sum at the end (the shape of llama.cpp's Q8_0 dot)."""
+
+    def codegen(context, builder, signature, args):
+        i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+        f32x8 = ir.VectorType(f32, 8)
+        arrays = zip(signature.args[:3], args[:3], strict=True)
+        w_ptr, x_ptr, s_ptr = (context.make_array(t)(context, builder, a).data for t, a in arrays)
+        block = ir.VectorType(i8, Q8_BLOCK).as_pointer()
+        w_ptr, x_ptr = builder.bitcast(w_ptr, block), builder.bitcast(x_ptr, block)
+        zero = ir.Constant(f32x8, [0.0] * 8)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(Q8_CHAINS)]
+
+        def add_block(b, acc):  # acc += s[b] * the block's integer sums
+            wv = builder.load(builder.gep(w_ptr, [b]), align=1)
+            xv = builder.load(builder.gep(x_ptr, [b]), align=1)
+            sums = builder.sitofp(_block_sums(builder, wv, xv), f32x8)
+            scale = builder.load(builder.gep(s_ptr, [b]))
+            one = builder.insert_element(ir.Constant(f32x8, None), scale, ir.Constant(i32, 0))
+            prod = _fast(builder.fmul(sums, _lanes(builder, one, [0] * 8)))
+            builder.store(_fast(builder.fadd(builder.load(acc), prod)), acc)
+
+        chains = ir.Constant(i64, Q8_CHAINS)
+        groups = builder.udiv(args[3], chains)
+        with cgutils.for_range(builder, groups) as loop:
+            first = builder.mul(loop.index, chains)
+            for c, acc in enumerate(accs):
+                add_block(builder.add(first, ir.Constant(i64, c)), acc)
+        with cgutils.for_range(builder, builder.sub(args[3], builder.mul(groups, chains))) as loop:
+            add_block(builder.add(builder.mul(groups, chains), loop.index), accs[0])
+        total = builder.load(accs[0])
+        for acc in accs[1:]:
+            total = _fast(builder.fadd(total, builder.load(acc)))
+        for width in (4, 2, 1):  # the upper half of the lanes added onto the lower
+            hi = _lanes(builder, total, range(width, 2 * width))
+            total = _fast(builder.fadd(_lanes(builder, total, range(width)), hi))
+        return builder.extract_element(total, ir.Constant(i32, 0))
+
+    return types.float32(w, x, s, blocks), codegen
