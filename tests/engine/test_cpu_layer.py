@@ -12,7 +12,7 @@ import torch
 
 from ft.bench.cpu_moe import ACT_FLIPS
 from ft.engine.cpu import layer_kernel
-from ft.engine.cpu.layer import kernel_format
+from ft.engine.cpu.layer import act_rounding, kernel_format
 from ft.engine.cpu.pool import THREAD_PREFIX, CpuMoeExecutor, ExpertJob, expert_jobs
 from tests.engine import quant_ref
 
@@ -63,9 +63,9 @@ def test_layer_kernel_equals_float32_reference(fmt, dtype, shape, threads):
             ids, weights = routing(tokens, top_k, seed=tokens + threads)
             jobs = expert_jobs(bank, ids, weights, list(range(EXPERTS)), fmt)
             out = pool.submit(x, jobs).wait()
-            # int8: experts of one token take the integer dot, its rounding modelled; a few
-            # act roundings may land the other way (at most ACT_FLIPS a call, each one step)
-            int_dot = fmt == "int8"
+            # int8, nvfp4 (AVX2): experts of one token take the integer dot, its rounding
+            # modelled; a few act roundings may land the other way (ACT_FLIPS, one step each)
+            int_dot = act_rounding(fmt, bank["w13"].dtype, 1) is not None
             want = reference(x, w13, w2, ids, weights, int_dot)
             flips = ACT_FLIPS * quant_ref.act_flip(x, w13, w2, ids, weights) if int_dot else 0.0
             torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5 + flips)

@@ -51,10 +51,10 @@ def q8_0(v: torch.Tensor) -> torch.Tensor:
 
 def act_rounding(fmt: str, weight_dtype: torch.dtype, tokens: int):
     """How the kernel rounds the activations of an expert of `fmt` (stored as `weight_dtype`)
-    with `tokens` tokens in a call: q8_0 where it takes the integer dot (int8, few tokens), None
-    where they stay float32."""
+    with `tokens` tokens in a call: q8_0 where it takes the integer dot (int8, or nvfp4 on AVX2,
+    few tokens), None where they stay float32."""
     code = kernel_format(fmt, weight_dtype)
-    integer = code is not None and code[0] == K.INT8 and tokens <= K.INT_DOT_TOKENS
+    integer = code is not None and K.integer_dot.py_func(code[0], tokens)  # the kernel's test
     return q8_0 if integer else None
 
 

@@ -15,10 +15,11 @@ Per row the weights are decoded into a float32 buffer in L1 (vectorised: bf16 by
 int8 by a convert, e4m3 by bit arithmetic, e2m1 from a 16-entry table), then dotted with each of
 the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
 nvfp4's per-tensor scale) multiply the dot product, not the weights.
-int8 experts with one token in the call (INT_DOT_TOKENS) skip the decode: the token's x (and,
-after the barrier, its act) is rounded to int8 per block of 32 (llama.cpp's Q8_0), and each
-weight row is dotted with it in integer lanes (intrinsics.q8_dot: vpdpbusd, or vpmaddubsw +
-vpmaddwd on AVX2), times the block scales and the row's scale.
+int8 experts with one token in the call (INT_DOT_TOKENS), and nvfp4's on AVX2, skip the decode:
+the token's x (and, after the barrier, its act) is rounded to int8 per block of 32 (llama.cpp's
+Q8_0), and each weight row is dotted with it in integer lanes (intrinsics.q8_dot: vpdpbusd, or
+vpmaddubsw + vpmaddwd on AVX2; nvfp4_q8_dot: its codes to integers by vpshufb first), times the
+block scales and the row's scales.
 Legend: T = tokens of the call, D = hidden, I = expert intermediate, n = tokens of one expert.
 """
 
@@ -28,27 +29,32 @@ import numpy as np
 from numba import carray, types
 
 from ft.engine.cpu.intrinsics import (
+    AVX2,
+    E2M1_X2,
     Q8_BLOCK,
     address,
     atomic_add,
     atomic_load,
     e4m3_value,
     f32_of_bits,
+    nvfp4_q8_dot,
     q8_dot,
 )
 from ft.engine.cpu.jit import jit
 from ft.engine.cpu.sync import CALLER_SPIN, WORKER_SPIN, arrive, publish, wait_change, wake
 
-# int8 experts with at most this many tokens in a call dot integers (_dot_q8): one token reads
-# each weight row once, and the integer dot's fewer instructions per byte lift the stream
-# (T=1, k=8: 8.2 -> 10.5 GB/s, 2-vCPU Xeon); with more tokens the float path's one decode per
-# row serves them all, and its float dot is cheaper per token (T=4, k=8: 6.5 vs 5.5 GB/s)
+# int8 (and nvfp4, AVX2) experts with at most this many tokens in a call dot integers
+# (integer_dot): one token reads each weight row once, and the integer dot's fewer instructions
+# per byte lift the stream (T=1, k=8, 2-vCPU Xeon: int8 7.9 -> 10.8 GB/s, nvfp4 2.0 -> 4.7);
+# with more tokens the float path's one decode per row serves them all, and its float dot is
+# cheaper per token (int8 T=4, k=8: 6.0 float vs 4.9 integer)
 INT_DOT_TOKENS = 1
 # Formats the kernel reads (the plan's FMT word).
 F32, BF16, INT8, FP8, NVFP4 = 0, 1, 2, 3, 4
 FP8_BLOCK, NVFP4_GROUP = 128, 16
 # e2m1's values by code (sign, 2 exponent bits of bias 1, 1 mantissa bit)
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+E2M1_INT = np.array(E2M1_X2, np.int32)  # twice E2M1: the integer dot's
 
 # The control block: one word per cache line (sync.control_block), index = word * 8.
 GEN, STOP, PLAN, DONE, BARRIER, WORKER_SLEEPERS, CALLER_SLEEPERS, BARRIER_SLEEPERS = (
@@ -199,18 +205,50 @@ def _dot_q8(w, q, s, cols):
 
 @jit()
 def integer_dot(fmt, n):
-    """Whether an expert's n tokens take the integer dot: int8 weights, n <= INT_DOT_TOKENS."""
-    return fmt == INT8 and n <= INT_DOT_TOKENS
+    """Whether an expert's n tokens take the integer dot: n <= INT_DOT_TOKENS, int8 weights, or
+    nvfp4's on AVX2 (its table decode is vpshufb)."""
+    return n <= INT_DOT_TOKENS and (fmt == INT8 or (fmt == NVFP4 and AVX2))
 
 
 @jit(fastmath=True)
-def int8_dots(parts, proj, r, cols, vq, vs, sel, t0, t1, dots):
-    """dots[t - t0] = (row r of int8 projection `proj`) . v[sel[t]] for t in [t0, t1): the
-    row's codes dotted as integers with v quantised by _quantize_q8 (vq, vs), times its scale."""
-    w = carray(address(parts[proj] + r * cols), (cols,), np.int8)
-    scale = carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
+def _dot_nvfp4_q8(codes, groups, q, s, cols):
+    """sum_j e2m1(code j) * groups[j // 16] * q[j] * s[j // 32] in float32: codes two a byte,
+    groups the float group scales; whole blocks of 32 in nvfp4_q8_dot's integer lanes (twice
+    the e2m1 values: halved here), a last group of 16 here."""
+    full = cols // Q8_BLOCK
+    acc = nvfp4_q8_dot(codes, q, s, groups, full)
+    if full * Q8_BLOCK < cols:  # cols is a multiple of 16: one group left
+        isum = 0
+        for j in range(full * Q8_BLOCK // 2, cols // 2):
+            c = codes[j]
+            isum += E2M1_INT[c & 15] * np.int32(q[2 * j]) + E2M1_INT[c >> 4] * np.int32(
+                q[2 * j + 1]
+            )
+        acc += np.float32(isum) * groups[2 * full] * s[full]
+    return acc * np.float32(0.5)
+
+
+@jit(fastmath=True)
+def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
+    """dots[t - t0] = (row r of projection `proj`) . v[sel[t]] for t in [t0, t1), v quantised
+    by _quantize_q8 (vq, vs): the row's codes dotted as integers, times its scales (int8: the
+    row's; nvfp4: its groups', decoded once into buf, and the tensor's)."""
+    if fmt == INT8:
+        w = carray(address(parts[proj] + r * cols), (cols,), np.int8)
+        scale = carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
+        for t in range(t0, t1):
+            dots[t - t0] = _dot_q8(w, vq[sel[t]], vs[sel[t]], cols) * scale
+        return
+    ngroups = cols // NVFP4_GROUP
+    codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
+    scales = carray(address(parts[proj + 2] + r * ngroups), (ngroups,), np.uint8)
+    groups = buf[:ngroups]
+    for g in range(ngroups):
+        groups[g] = e4m3_value(scales[g])
+    which = r // inter if proj == W13 else 0  # w13_scale_2: gate's, then up's
+    scale = carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
     for t in range(t0, t1):
-        dots[t - t0] = _dot_q8(w, vq[sel[t]], vs[sel[t]], cols) * scale
+        dots[t - t0] = _dot_nvfp4_q8(codes, groups, vq[sel[t]], vs[sel[t]], cols) * scale
 
 
 @jit(fastmath=True)
@@ -247,7 +285,7 @@ def run_call(plan, worker, ctrl, gen):
     # int8 experts of at most INT_DOT_TOKENS tokens (integer_dot): x and act rows quantised per
     # block; each worker quantises its own copy of the rows they read (a few KiB per token,
     # against MiBs of weights per call: no barrier to share them)
-    qx, qa = (tokens, max(pairs, 1)) if fmt == INT8 else (0, 0)
+    qx, qa = (tokens, max(pairs, 1)) if integer_dot(fmt, 1) else (0, 0)
     xq = np.empty((qx, hidden), np.int8)
     xs = np.empty((qx, (hidden + Q8_BLOCK - 1) // Q8_BLOCK), np.float32)
     aq = np.empty((qa, inter), np.int8)
@@ -263,10 +301,11 @@ def run_call(plan, worker, ctrl, gen):
         t0, t1 = starts[e], starts[e + 1]
         if integer_dot(fmt, t1 - t0):
             for i in range(i0, i1):
-                int8_dots(parts, W13, i, hidden, xq, xs, rows, t0, t1, dots)
+                int_dots(fmt, parts, W13, i, hidden, inter, buf, xq, xs, rows, t0, t1, dots)
                 for t in range(t0, t1):
                     act[t, i] = dots[t - t0]  # gate
-                int8_dots(parts, W13, inter + i, hidden, xq, xs, rows, t0, t1, dots)
+                int_dots(fmt, parts, W13, inter + i, hidden, inter, buf, xq, xs, rows, t0, t1,
+                         dots)  # fmt: skip
                 for t in range(t0, t1):
                     act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
             continue
@@ -295,7 +334,7 @@ def run_call(plan, worker, ctrl, gen):
         t0, t1 = starts[e], starts[e + 1]
         if integer_dot(fmt, t1 - t0):
             for d in range(d0, d1):
-                int8_dots(parts, W2, d, inter, aq, as_, same, t0, t1, dots)
+                int_dots(fmt, parts, W2, d, inter, inter, buf, aq, as_, same, t0, t1, dots)
                 for t in range(t0, t1):
                     out[rows[t], d] += dots[t - t0]
             continue
