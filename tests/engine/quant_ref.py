@@ -14,6 +14,8 @@ import torch.nn.functional as F
 FORMATS = ("bf16", "int8", "fp8_block", "nvfp4")
 BLOCK = 128  # fp8_block's square block
 GROUP = 16  # nvfp4's elements per e4m3 scale
+Q8_BLOCK = 32  # activation elements per scale in q8_0
+INT_DOT_TOKENS = 1  # experts with at most this many tokens in a call take the integer dot
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of code & 7
 E2M1_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # round-to-nearest thresholds
 
@@ -56,6 +58,15 @@ def _half(bank, name: str, fmt: str, g: int, rows: int) -> torch.Tensor:
     return value * group * bank[name + "_scale_2"][:, g, None, None]
 
 
+def q8_0(v: torch.Tensor) -> torch.Tensor:
+    """v [..., C] rounded as llama.cpp's Q8_0 activations (the CPU pool's integer dot for int8
+    experts): per block of 32 along C, round(v / d) * d, d = amax(block) / 127."""
+    c = v.shape[-1]
+    blocks = F.pad(v.float(), (0, -c % Q8_BLOCK)).unflatten(-1, (-1, Q8_BLOCK))
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    return torch.where(d > 0, torch.round(blocks / d) * d, 0.0).flatten(-2)[..., :c]
+
+
 def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, R, C] -> q int8 [N, R, C], scale float32 [N, R]: symmetric per output row."""
     scale = w.abs().amax(-1).clamp(min=1e-12) / 127
@@ -92,3 +103,34 @@ def _expand(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 QUANTIZERS = {"int8": int8_rows, "fp8_block": fp8_blocks, "nvfp4": nvfp4_groups}
+
+
+# -- the CPU pool's integer dot (int8 experts of INT_DOT_TOKENS tokens) -------------------------
+
+
+def moe_reference(x, w13, w2, topk_ids, topk_weights, int_dot: bool = False) -> torch.Tensor:
+    """float32: every token through each of its experts, one at a time (w13 [N, 2I, D], w2
+    [N, D, I] float32). int_dot: an expert with at most INT_DOT_TOKENS tokens in the call has
+    its x and act rounded as the pool's integer dot rounds them (q8_0)."""
+    out, inter = torch.zeros(x.shape), w2.shape[2]
+    counts = torch.bincount(topk_ids.flatten(), minlength=w13.shape[0])
+    for t in range(x.shape[0]):
+        for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True):
+            rnd = q8_0 if int_dot and counts[e] <= INT_DOT_TOKENS else (lambda v: v)
+            xt = rnd(x[t])
+            act = w * F.silu(w13[e, :inter] @ xt) * (w13[e, inter:] @ xt)
+            out[t] += w2[e] @ rnd(act)
+    return out
+
+
+def act_flip(x, w13, w2, topk_ids, topk_weights) -> float:
+    """How far one act element rounded to the other side of a half-step (kernel and torch
+    compute act in float32 in different orders) can move an output of the integer dot: one
+    step, amax(act) / 127, times max |w2|; the largest over the experts."""
+    inter, flip = w2.shape[2], 0.0
+    for t in range(x.shape[0]):
+        for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True):
+            xt = q8_0(x[t])
+            act = w * F.silu(w13[e, :inter] @ xt) * (w13[e, inter:] @ xt)
+            flip = max(flip, act.abs().max().item() / 127 * w2[e].abs().max().item())
+    return flip

@@ -1,15 +1,16 @@
 """LLVM instructions that numba lacks, as numba intrinsics (llvmlite) for the pool's layer
 kernel: atomics on an int64 array, x86's spin hint, raw addresses as pointers, float32 bit casts
-and the e4m3 decode in 32-bit lanes, and the futex system call.
+and the e4m3 decode in 32-bit lanes, the futex system call, and an int8 dot in integer lanes.
 
 Linux x86-64 only, as the pool's pinning already assumes.
 """
 
 from __future__ import annotations
 
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 SYS_FUTEX = 202  # x86-64
@@ -131,3 +132,183 @@ def futex(typingctx, addr, op, value):
         return builder.call(fn, call)
 
     return types.int64(addr, op, value), codegen
+
+
+Q8_BLOCK = 32  # elements per activation scale in q8_dot (llama.cpp's Q8_0 block)
+
+
+def _target_features() -> dict[str, bool]:
+    """The features numba compiles for: the host's, or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES's."""
+    if config.CPU_NAME in (None, "host"):
+        return dict(llvm.get_host_cpu_features())
+    return {f[1:]: f[0] == "+" for f in (config.CPU_FEATURES or "").split(",") if f}
+
+
+# The integer dot's instructions: VNNI's vpdpbusd (AVX-VNNI, or AVX512-VNNI with 256-bit
+# forms), else AVX2's vpmaddubsw + vpmaddwd, else generic vector IR (any x86-64; slower: vpmulld)
+_TARGET = _target_features()
+VNNI = bool(_TARGET.get("avxvnni") or (_TARGET.get("avx512vnni") and _TARGET.get("avx512vl")))
+AVX2 = bool(_TARGET.get("avx2"))
+
+
+def _lanes(builder, v, which):
+    """The vector of v's lanes `which`, in that order."""
+    which = list(which)
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), len(which)), which)
+    return builder.shuffle_vector(v, v, mask)
+
+
+def _fast(instr):
+    instr.flags.append("fast")  # reassociation and contraction: an fma, no ordered sums
+    return instr
+
+
+def _call(builder, name, ret, args):
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), args)
+
+
+def _block_sums(builder, wv, xv):
+    """<8 x i32> whose lanes sum to the dot of two <32 x i8> (values in [-127, 127]), each lane
+    the sum of 4 neighbouring products. x86 multiplies unsigned by signed bytes: |w| times x
+    with w's sign (llama.cpp's AVX2 Q8_0 dot); no 16-bit sum saturates (2 * 127 * 127 < 2^15)."""
+    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+    v32i8, v16i16, v8i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+    if AVX2:
+        ax = _call(builder, "llvm.abs.v32i8", v32i8, [wv, ir.Constant(ir.IntType(1), 0)])
+        sx = _call(builder, "llvm.x86.avx2.psign.b", v32i8, [xv, wv])
+        if VNNI:
+            zero = ir.Constant(v8i32, [0] * 8)
+            return _call(builder, "llvm.x86.avx512.vpdpbusd.256", v8i32, [zero, ax, sx])
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [ax, sx])
+        ones = ir.Constant(v16i16, [1] * 16)
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", v8i32, [pairs, ones])
+    wide = ir.VectorType(i32, 32)
+    prod = builder.mul(builder.sext(wv, wide), builder.sext(xv, wide))
+    quarters = [_lanes(builder, prod, range(q, 32, 4)) for q in range(4)]
+    return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
+
+
+# independent float accumulators in q8_dot: each block's multiply-add waits for the previous one
+# into the same accumulator (4 cycles), and one chain made T=4 calls ~6x slower per token
+Q8_CHAINS = 4
+
+
+def _dot_blocks(builder, blocks, block):
+    """sum over b < blocks of the float32 lanes of block(b) -> (<8 x i32> integer sums, <8 x
+    float> their scales), in Q8_CHAINS accumulators (b into b % Q8_CHAINS); one horizontal sum
+    at the end."""
+    i32, i64, f32x8 = ir.IntType(32), ir.IntType(64), ir.VectorType(ir.FloatType(), 8)
+    zero = ir.Constant(f32x8, [0.0] * 8)
+    accs = [cgutils.alloca_once_value(builder, zero) for _ in range(Q8_CHAINS)]
+
+    def add_block(b, acc):
+        sums, scales = block(b)
+        prod = _fast(builder.fmul(builder.sitofp(sums, f32x8), scales))
+        builder.store(_fast(builder.fadd(builder.load(acc), prod)), acc)
+
+    chains = ir.Constant(i64, Q8_CHAINS)
+    groups = builder.udiv(blocks, chains)
+    with cgutils.for_range(builder, groups) as loop:
+        first = builder.mul(loop.index, chains)
+        for c, acc in enumerate(accs):
+            add_block(builder.add(first, ir.Constant(i64, c)), acc)
+    with cgutils.for_range(builder, builder.sub(blocks, builder.mul(groups, chains))) as loop:
+        add_block(builder.add(builder.mul(groups, chains), loop.index), accs[0])
+    total = builder.load(accs[0])
+    for acc in accs[1:]:
+        total = _fast(builder.fadd(total, builder.load(acc)))
+    for width in (4, 2, 1):  # the upper half of the lanes added onto the lower
+        hi = _lanes(builder, total, range(width, 2 * width))
+        total = _fast(builder.fadd(_lanes(builder, total, range(width)), hi))
+    return builder.extract_element(total, ir.Constant(i32, 0))
+
+
+def _data(context, builder, signature, args, n):
+    """The data pointers of the first n (array) arguments."""
+    arrays = zip(signature.args[:n], args[:n], strict=True)
+    return [context.make_array(t)(context, builder, a).data for t, a in arrays]
+
+
+@intrinsic
+def q8_dot(typingctx, w, x, s, blocks):
+    """sum over b < blocks of s[b] * (the int32 dot of w and x over [32 b, 32 b + 32)), float32;
+    w and x int8 arrays (values in [-127, 127]), s float32. Vector IR, because numba widens int8
+    products to int64 lanes: per block, the integer sums of _block_sums, converted to float and
+    multiplied by the block's scale (the shape of llama.cpp's Q8_0 dot)."""
+
+    def codegen(context, builder, signature, args):
+        i8, i32, f32x8 = ir.IntType(8), ir.IntType(32), ir.VectorType(ir.FloatType(), 8)
+        w_ptr, x_ptr, s_ptr = _data(context, builder, signature, args, 3)
+        vec = ir.VectorType(i8, Q8_BLOCK).as_pointer()
+        w_ptr, x_ptr = builder.bitcast(w_ptr, vec), builder.bitcast(x_ptr, vec)
+
+        def block(b):
+            wv = builder.load(builder.gep(w_ptr, [b]), align=1)
+            xv = builder.load(builder.gep(x_ptr, [b]), align=1)
+            scale = builder.load(builder.gep(s_ptr, [b]))
+            one = builder.insert_element(ir.Constant(f32x8, None), scale, ir.Constant(i32, 0))
+            return _block_sums(builder, wv, xv), _lanes(builder, one, [0] * 8)
+
+        return _dot_blocks(builder, args[3], block)
+
+    return types.float32(w, x, s, blocks), codegen
+
+
+# e2m1 values times 2, by code: integers, so that a byte table (vpshufb) decodes them exactly
+E2M1_X2 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def _e2m1_x2(builder, codes, table):
+    """<32 x i8> twice the e2m1 values of codes <32 x i8> (0..15): vpshufb from `table`; without
+    AVX2 (the kernel then keeps nvfp4's float path, but this still compiles) in arithmetic:
+    magnitude m < 4: m, m < 6: 2m - 4, else 4m - 16; code bit 3 the sign."""
+    v32i8 = codes.type
+    if AVX2:
+        return _call(builder, "llvm.x86.avx2.pshuf.b", v32i8, [table, codes])
+
+    def c(v):
+        return ir.Constant(v32i8, [v] * 32)
+
+    m = builder.and_(codes, c(7))
+    twice, four = builder.sub(builder.shl(m, c(1)), c(4)), builder.sub(builder.shl(m, c(2)), c(16))
+    big = builder.select(builder.icmp_unsigned("<", m, c(6)), twice, four)
+    mag = builder.select(builder.icmp_unsigned("<", m, c(4)), m, big)
+    negative = builder.icmp_unsigned("!=", builder.and_(codes, c(8)), c(0))
+    return builder.select(negative, builder.sub(c(0), mag), mag)
+
+
+@intrinsic
+def nvfp4_q8_dot(typingctx, w, x, xs, gs, blocks):
+    """sum over blocks b < blocks, groups g = 2b, 2b + 1 of 16 elements: gs[g] * xs[b] * (the
+    int32 dot of 2 * e2m1(w) and x over group g), float32 (half the dot of the e2m1 values).
+    w uint8 two e2m1 codes a byte (element 2j low nibble), 16 bytes a block; x int8 [32 b];
+    xs float32 [b]: x's block scales; gs float32 [2 b]: w's group scales."""
+
+    def codegen(context, builder, signature, args):
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        f32, v16i8, v32i8 = ir.FloatType(), ir.VectorType(ir.IntType(8), 16), ir.VectorType(i8, 32)
+        w_ptr, x_ptr, xs_ptr, gs_ptr = _data(context, builder, signature, args, 4)
+        w_ptr = builder.bitcast(w_ptr, v16i8.as_pointer())
+        x_ptr = builder.bitcast(x_ptr, v32i8.as_pointer())
+        gs_ptr = builder.bitcast(gs_ptr, ir.VectorType(f32, 2).as_pointer())
+        table = ir.Constant(v32i8, [v & 0xFF for v in E2M1_X2 * 2])  # both 128-bit lanes
+
+        def block(b):
+            packed = builder.load(builder.gep(w_ptr, [b]), align=1)
+            lo = builder.and_(packed, ir.Constant(v16i8, [15] * 16))
+            hi = builder.lshr(packed, ir.Constant(v16i8, [4] * 16))
+            order = [j // 2 + 16 * (j % 2) for j in range(32)]  # lo 0, hi 0, lo 1, hi 1, ...
+            codes = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), order))
+            wv = _e2m1_x2(builder, codes, table)
+            xv = builder.load(builder.gep(x_ptr, [b]), align=1)
+            groups = builder.load(builder.gep(gs_ptr, [b]), align=4)  # <2 x float>
+            xscale = builder.load(builder.gep(xs_ptr, [b]))
+            one = builder.insert_element(ir.Constant(ir.VectorType(f32, 2), None), xscale,
+                                         ir.Constant(i32, 0))  # fmt: skip
+            pair = _fast(builder.fmul(groups, _lanes(builder, one, [0, 0])))
+            return _block_sums(builder, wv, xv), _lanes(builder, pair, [0] * 4 + [1] * 4)
+
+        return _dot_blocks(builder, args[4], block)
+
+    return types.float32(w, x, xs, gs, blocks), codegen

@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ft.engine.cpu import layer_kernel as K
 from ft.engine.cpu.compute import ExpertJob, check_parts
@@ -36,6 +37,25 @@ def kernel_format(fmt: str, weight_dtype: torch.dtype) -> tuple[int, tuple[str, 
     """The layer kernel's format for experts of `fmt` whose w13 is `weight_dtype` (None: it reads
     no such experts, e.g. fp16 weights; the pool runs those on the caller, counted and warned)."""
     return _KERNEL_FORMATS.get((fmt, weight_dtype))
+
+
+def q8_0(v: torch.Tensor) -> torch.Tensor:
+    """v [..., C] float32 as the kernel rounds an integer-dot expert's activations (x, and act
+    before the down projection): per block of 32 along C, rint(v / d) * d, d = amax / 127
+    (llama.cpp's Q8_0; layer_kernel._quantize_q8). For references that model the rounding."""
+    c = v.shape[-1]
+    blocks = F.pad(v.float(), (0, -c % K.Q8_BLOCK)).unflatten(-1, (-1, K.Q8_BLOCK))
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    return torch.where(d > 0, torch.round(blocks / d) * d, 0.0).flatten(-2)[..., :c]
+
+
+def act_rounding(fmt: str, weight_dtype: torch.dtype, tokens: int):
+    """How the kernel rounds the activations of an expert of `fmt` (stored as `weight_dtype`)
+    with `tokens` tokens in a call: q8_0 where it takes the integer dot (int8, or nvfp4 on AVX2,
+    few tokens), None where they stay float32."""
+    code = kernel_format(fmt, weight_dtype)
+    integer = code is not None and K.integer_dot.py_func(code[0], tokens)  # the kernel's test
+    return q8_0 if integer else None
 
 
 class LayerHandle:

@@ -191,6 +191,16 @@ class CpuMoeExecutor:
     def stats(self) -> CpuMoeStats:
         return CpuMoeStats(experts_in_pool=sum(self._in_pool), experts_inline=self._inline)
 
+    def act_rounding(self, fmt: str, weight_dtype: torch.dtype, tokens: int):
+        """How this pool rounds the activations of an expert of `fmt` with `tokens` tokens in
+        a submit (a function on float32 tensors, for a reference to model it), or None: float32
+        throughout."""
+        if self._layer is None:
+            return None  # the row-block tasks compute in float32
+        from ft.engine.cpu.layer import act_rounding
+
+        return act_rounding(fmt, weight_dtype, tokens)
+
     # -- work -----------------------------------------------------------------------------------
 
     def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle | LayerHandle:
