@@ -167,7 +167,7 @@ class _PoolSide:
         self.pool, self.fmt, self.bank, self.expert_bytes = pool, fmt, bank, _bytes(fmt)
 
     def act_rounding(self, tokens: int):
-        """The layer kernel's rounding of x and act (int8 experts of one token: q8_0) or None."""
+        """The layer kernel's rounding of x and act (layer.act_rounding) or None."""
         return self.pool.act_rounding(self.fmt.form.name, self.bank["w13"].dtype, tokens)
 
     def weights(self, expert: int):
@@ -256,11 +256,11 @@ def _check(pool: CpuMoeExecutor, fmt: BenchFormat, bank, tokens: int) -> float:
 def _verify(label: str, side, fmt: BenchFormat, x) -> float:
     """Max abs error of `side`'s two-expert call on x against float32 torch on the weights it
     holds; FtError where it is off by more than float32 rounding plus its output dtype's (a
-    figure of a wrong kernel is no figure). A side that rounds its activations to int8 (the
-    pool's integer dot for one-token int8 experts: `act_rounding`) is checked against torch
+    figure of a wrong kernel is no figure). A side that rounds its activations (`act_rounding`:
+    the pool's integer dot, to int8 per block; its bf16 dot, to bf16) is checked against torch
     rounding them alike, allowed ACT_FLIPS more roundings that land on the other side of a
     half-step (the two sides' float act differ in the last bits): each moves one act element by
-    one step, amax / 127, so an output by at most that times max |w2|."""
+    one step, at most amax / 127 (bf16's: amax / 128), so an output by that times max |w2|."""
     tokens = x.shape[0]
     got = side.call(x, CHECKED, ROUTER_WEIGHT)()
     want = torch.zeros(tokens, HIDDEN)

@@ -105,18 +105,30 @@ def _expand(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 QUANTIZERS = {"int8": int8_rows, "fp8_block": fp8_blocks, "nvfp4": nvfp4_groups}
 
 
-# -- the CPU pool's integer dot (int8 experts of INT_DOT_TOKENS tokens) -------------------------
+# -- the CPU pool's integer dot (int8 experts of INT_DOT_TOKENS tokens) and bf16 dot -----------
 
 
-def moe_reference(x, w13, w2, topk_ids, topk_weights, int_dot: bool = False) -> torch.Tensor:
+def bf16_round(v: torch.Tensor) -> torch.Tensor:
+    """v rounded to bf16 (to nearest, ties to even), in float32: the activations of the CPU
+    pool's bf16 dot."""
+    return v.float().to(torch.bfloat16).float()
+
+
+def moe_reference(x, w13, w2, topk_ids, topk_weights, int_dot: bool = False,
+                  bf16_dot: bool = False) -> torch.Tensor:  # fmt: skip
     """float32: every token through each of its experts, one at a time (w13 [N, 2I, D], w2
     [N, D, I] float32). int_dot: an expert with at most INT_DOT_TOKENS tokens in the call has
-    its x and act rounded as the pool's integer dot rounds them (q8_0)."""
+    its x and act rounded as the pool's integer dot rounds them (q8_0); bf16_dot: every expert
+    has them rounded as the pool's bf16 dot does (bf16_round)."""
     out, inter = torch.zeros(x.shape), w2.shape[2]
     counts = torch.bincount(topk_ids.flatten(), minlength=w13.shape[0])
     for t in range(x.shape[0]):
         for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True):
-            rnd = q8_0 if int_dot and counts[e] <= INT_DOT_TOKENS else (lambda v: v)
+            rnd = lambda v: v  # noqa: E731
+            if int_dot and counts[e] <= INT_DOT_TOKENS:
+                rnd = q8_0
+            elif bf16_dot:
+                rnd = bf16_round
             xt = rnd(x[t])
             act = w * F.silu(w13[e, :inter] @ xt) * (w13[e, inter:] @ xt)
             out[t] += w2[e] @ rnd(act)
@@ -125,8 +137,9 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, int_dot: bool = False) -> 
 
 def act_flip(x, w13, w2, topk_ids, topk_weights) -> float:
     """How far one act element rounded to the other side of a half-step (kernel and torch
-    compute act in float32 in different orders) can move an output of the integer dot: one
-    step, amax(act) / 127, times max |w2|; the largest over the experts."""
+    compute act in float32 in different orders) can move an output of the integer or bf16 dot:
+    one step, amax(act) / 127 (bf16's is at most amax / 128), times max |w2|; the largest over
+    the experts."""
     inter, flip = w2.shape[2], 0.0
     for t in range(x.shape[0]):
         for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True):

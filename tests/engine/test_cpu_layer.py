@@ -12,7 +12,7 @@ import torch
 
 from ft.bench.cpu_moe import ACT_FLIPS
 from ft.engine.cpu import layer_kernel
-from ft.engine.cpu.layer import act_rounding, kernel_format
+from ft.engine.cpu.layer import act_rounding, bf16_round, kernel_format, q8_0
 from ft.engine.cpu.pool import THREAD_PREFIX, CpuMoeExecutor, ExpertJob, expert_jobs
 from tests.engine import quant_ref
 
@@ -63,13 +63,47 @@ def test_layer_kernel_equals_float32_reference(fmt, dtype, shape, threads):
             ids, weights = routing(tokens, top_k, seed=tokens + threads)
             jobs = expert_jobs(bank, ids, weights, list(range(EXPERTS)), fmt)
             out = pool.submit(x, jobs).wait()
-            # int8, nvfp4 (AVX2): experts of one token take the integer dot, its rounding
-            # modelled; a few act roundings may land the other way (ACT_FLIPS, one step each)
-            int_dot = act_rounding(fmt, bank["w13"].dtype, 1) is not None
-            want = reference(x, w13, w2, ids, weights, int_dot)
-            flips = ACT_FLIPS * quant_ref.act_flip(x, w13, w2, ids, weights) if int_dot else 0.0
+            # int8, nvfp4 (AVX2): experts of one token take the integer dot; bf16 (AVX512-BF16)
+            # the bf16 dot; their rounding modelled; a few act roundings may land the other way
+            # (ACT_FLIPS, one step each)
+            rounding = act_rounding(fmt, bank["w13"].dtype, 1)
+            int_dot, bf16_dot = rounding is q8_0, rounding is bf16_round
+            want = reference(x, w13, w2, ids, weights, int_dot, bf16_dot)
+            flip = quant_ref.act_flip(x, w13, w2, ids, weights) if rounding else 0.0
+            flips = ACT_FLIPS * flip
             torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5 + flips)
         assert pool.stats.experts_inline == 0
+
+
+def test_bf16_activations_round_as_torch_does():
+    """The bf16 dot's activations (_to_bf16) are torch's bf16 bit for bit, ties to even
+    included: the references model them with torch, and the pool tests' tolerance for act
+    roundings (ACT_FLIPS) is too wide to see truncation instead."""
+    gen = torch.Generator().manual_seed(4)
+    v = torch.randn(4096, generator=gen) * 10.0 ** torch.randint(-30, 30, (4096,), generator=gen)
+    bits = v.view(torch.int32)
+    ties = (bits & ~0xFFFF) | 0x8000  # halfway between two bf16, both parities of the bf16
+    v = torch.cat([v, ties.view(torch.float32), torch.tensor([0.0, -0.0, 3.0e38, -1e-40])])
+    got = torch.empty(v.shape, dtype=torch.int16)
+    layer_kernel._to_bf16(v.numpy(), got.numpy().view("uint16"))
+    assert torch.equal(got, v.to(torch.bfloat16).view(torch.int16))
+
+
+@pytest.mark.parametrize("cols", [0, 32, 96, 160, 300])
+def test_bf16_dots_equal_the_float32_dot_of_the_bf16_values(cols):
+    """bf16_dots (vdpbf16ps on AVX512-BF16, generic IR elsewhere; accumulators and a tail)
+    against float64 on the same bf16 values, for each row of a [3, cols] projection."""
+    gen = torch.Generator().manual_seed(cols)
+    w = torch.randn(3, cols, generator=gen).to(torch.bfloat16)
+    v = torch.randn(2, cols, generator=gen).to(torch.bfloat16)
+    parts = torch.zeros(layer_kernel.PARTS, dtype=torch.int64)
+    parts[layer_kernel.W13] = w.data_ptr()
+    vb, sel, dots = v.view(torch.int16).numpy().view("uint16"), torch.tensor([1, 0]), torch.zeros(2)
+    for r in range(3):
+        layer_kernel.bf16_dots(parts.numpy(), layer_kernel.W13, r, cols, vb, sel.numpy(), 0, 2,
+                               dots.numpy())  # fmt: skip
+        want = v[sel].double() @ w[r].double()
+        torch.testing.assert_close(dots.double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_calls_in_a_row_and_unrouted_tokens_stay_zero():
@@ -89,7 +123,10 @@ def test_calls_in_a_row_and_unrouted_tokens_stay_zero():
         assert first.ran_on == {f"{THREAD_PREFIX}{k}" for k in range(2)}
     ids = torch.arange(EXPERTS).expand(3, EXPERTS)
     weights = torch.tensor([0.5, 0.0, 0.25])[:, None].expand(3, EXPERTS)
-    torch.testing.assert_close(total, reference(x, w13, w2, ids, weights), rtol=1e-4, atol=1e-5)
+    bf16_dot = act_rounding("bf16", torch.bfloat16, 2) is bf16_round  # AVX512-BF16 hosts
+    want = reference(x, w13, w2, ids, weights, bf16_dot=bf16_dot)
+    flips = ACT_FLIPS * quant_ref.act_flip(x, w13, w2, ids, weights) if bf16_dot else 0.0
+    torch.testing.assert_close(total, want, rtol=1e-4, atol=1e-5 + flips)
     assert torch.equal(total[1], torch.zeros(hidden))
 
 

@@ -1,6 +1,7 @@
 """LLVM instructions that numba lacks, as numba intrinsics (llvmlite) for the pool's layer
 kernel: atomics on an int64 array, x86's spin hint, raw addresses as pointers, float32 bit casts
-and the e4m3 decode in 32-bit lanes, the futex system call, and an int8 dot in integer lanes.
+and the e4m3 decode in 32-bit lanes, the futex system call, an int8 dot in integer lanes, and a
+bf16 dot (vdpbf16ps).
 
 Linux x86-64 only, as the pool's pinning already assumes.
 """
@@ -312,3 +313,80 @@ def nvfp4_q8_dot(typingctx, w, x, xs, gs, blocks):
         return _dot_blocks(builder, args[4], block)
 
     return types.float32(w, x, xs, gs, blocks), codegen
+
+
+class _BFloat(ir.Type):
+    """LLVM's bfloat (llvmlite's ir has no such type): dpbf16ps's operands are <32 x bfloat> in
+    the LLVM numba builds with (22; before LLVM 17 they were <16 x i32>)."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash(_BFloat)
+
+
+# bf16 dot: AVX512-BF16's vdpbf16ps (two bf16 products a float lane, fused), else generic IR
+AVX512BF16 = bool(_TARGET.get("avx512bf16") and _TARGET.get("avx512f"))
+BF16_BLOCK = 32  # elements per vdpbf16ps (512 bits of bf16)
+BF16_CHAINS = 4  # independent accumulators: a vdpbf16ps waits ~5 cycles on its accumulator
+
+
+@intrinsic
+def bf16_dot(typingctx, w, x, blocks):
+    """sum over j < 32 blocks of w[j] * x[j] in float32; w and x uint16 arrays of bf16 bits.
+    Per block of 32: vdpbf16ps (16 float lanes, each += two bf16 products, exact in float32)
+    into block b % BF16_CHAINS's accumulator; one horizontal sum at the end. Without
+    AVX512-BF16 (the kernel then keeps bf16's float path, but this still compiles) the same in
+    generic IR: bits shifted to float32, multiplied, neighbours added."""
+
+    def codegen(context, builder, signature, args):
+        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        f32x16, v32i16 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(i16, BF16_BLOCK)
+        w_ptr, x_ptr = _data(context, builder, signature, args, 2)
+        w_ptr = builder.bitcast(w_ptr, v32i16.as_pointer())
+        x_ptr = builder.bitcast(x_ptr, v32i16.as_pointer())
+        zero = ir.Constant(f32x16, [0.0] * 16)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(BF16_CHAINS)]
+
+        def add_block(b, acc):
+            wv = builder.load(builder.gep(w_ptr, [b]), align=2)
+            xv = builder.load(builder.gep(x_ptr, [b]), align=2)
+            if AVX512BF16:
+                bf = ir.VectorType(_BFloat(), BF16_BLOCK)
+                wb, xb = builder.bitcast(wv, bf), builder.bitcast(xv, bf)
+                name = "llvm.x86.avx512bf16.dpbf16ps.512"
+                new = _call(builder, name, f32x16, [builder.load(acc), wb, xb])
+            else:
+                f32x32, v32i32 = ir.VectorType(ir.FloatType(), 32), ir.VectorType(i32, 32)
+                sixteen = ir.Constant(v32i32, [16] * 32)
+
+                def f32(v):
+                    return builder.bitcast(builder.shl(builder.zext(v, v32i32), sixteen), f32x32)
+
+                prod = _fast(builder.fmul(f32(wv), f32(xv)))
+                pairs = _fast(builder.fadd(_lanes(builder, prod, range(0, 32, 2)),
+                                           _lanes(builder, prod, range(1, 32, 2))))  # fmt: skip
+                new = _fast(builder.fadd(builder.load(acc), pairs))
+            builder.store(new, acc)
+
+        chains = ir.Constant(i64, BF16_CHAINS)
+        groups = builder.udiv(args[2], chains)
+        with cgutils.for_range(builder, groups) as loop:
+            first = builder.mul(loop.index, chains)
+            for c, acc in enumerate(accs):
+                add_block(builder.add(first, ir.Constant(i64, c)), acc)
+        with cgutils.for_range(builder, builder.sub(args[2], builder.mul(groups, chains))) as loop:
+            add_block(builder.add(builder.mul(groups, chains), loop.index), accs[0])
+        total = builder.load(accs[0])
+        for acc in accs[1:]:
+            total = _fast(builder.fadd(total, builder.load(acc)))
+        for width in (8, 4, 2, 1):  # the upper half of the lanes added onto the lower
+            hi = _lanes(builder, total, range(width, 2 * width))
+            total = _fast(builder.fadd(_lanes(builder, total, range(width)), hi))
+        return builder.extract_element(total, ir.Constant(i32, 0))
+
+    return types.float32(w, x, blocks), codegen

@@ -49,13 +49,23 @@ def q8_0(v: torch.Tensor) -> torch.Tensor:
     return torch.where(d > 0, torch.round(blocks / d) * d, 0.0).flatten(-2)[..., :c]
 
 
+def bf16_round(v: torch.Tensor) -> torch.Tensor:
+    """v float32 as the kernel rounds a bf16-dot expert's activations: to bf16 (to nearest, ties
+    to even: layer_kernel._to_bf16), back in float32. For references that model the rounding."""
+    return v.float().to(torch.bfloat16).float()
+
+
 def act_rounding(fmt: str, weight_dtype: torch.dtype, tokens: int):
     """How the kernel rounds the activations of an expert of `fmt` (stored as `weight_dtype`)
     with `tokens` tokens in a call: q8_0 where it takes the integer dot (int8, or nvfp4 on AVX2,
-    few tokens), None where they stay float32."""
+    few tokens), bf16_round where it takes the bf16 dot (bf16 on AVX512-BF16), None where they
+    stay float32."""
     code = kernel_format(fmt, weight_dtype)
-    integer = code is not None and K.integer_dot.py_func(code[0], tokens)  # the kernel's test
-    return q8_0 if integer else None
+    if code is None:
+        return None
+    if K.integer_dot.py_func(code[0], tokens):  # the kernel's tests
+        return q8_0
+    return bf16_round if K.bf16_dotted.py_func(code[0]) else None
 
 
 class LayerHandle:
