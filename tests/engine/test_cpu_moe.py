@@ -27,14 +27,16 @@ from ft.errors import FtError
 D, INTER, EXPERTS = 64, 48, 6
 
 
-def ref_moe(x: torch.Tensor, jobs: list[ExpertJob]) -> torch.Tensor:
-    """The plain fp32 definition: sum over jobs of weights * down(silu(gate x) * up x)."""
+def ref_moe(x: torch.Tensor, jobs: list[ExpertJob], rounding=None) -> torch.Tensor:
+    """The plain fp32 definition: sum over jobs of down(silu(gate x) * up x * weights).
+    `rounding`: the pool's rounding of x and of the weighted act (pool.act_rounding), or None."""
+    keep = rounding or (lambda v: v)
     out = torch.zeros(x.shape, dtype=torch.float32)
     for job in jobs:
-        w13, w2, xs = job.parts["w13"].float(), job.parts["w2"].float(), x[job.rows].float()
+        w13, w2, xs = job.parts["w13"].float(), job.parts["w2"].float(), keep(x[job.rows].float())
         inter = w2.shape[1]
-        act = F.silu(xs @ w13[:inter].T) * (xs @ w13[inter:].T)
-        out.index_add_(0, job.rows, (act @ w2.T) * job.weights[:, None].float())
+        act = F.silu(xs @ w13[:inter].T) * (xs @ w13[inter:].T) * job.weights[:, None].float()
+        out.index_add_(0, job.rows, keep(act) @ w2.T)
     return out
 
 
@@ -69,7 +71,8 @@ def test_pool_bf16_weights(compute, tol):
     x, jobs = make_jobs(5, dtype=torch.bfloat16)
     with CpuMoeExecutor(threads=2, compute=compute, min_slice=4) as pool:
         out = pool.submit(x, jobs).wait()
-    torch.testing.assert_close(out, ref_moe(x, jobs), rtol=tol, atol=tol)
+        rounding = pool.act_rounding("bf16", torch.bfloat16, 5)  # bf16 dot: x, act to bf16
+    torch.testing.assert_close(out, ref_moe(x, jobs, rounding), rtol=tol, atol=tol)
 
 
 def test_auto_multiplies_bf16_weights_with_one_compiled_call_a_block():
