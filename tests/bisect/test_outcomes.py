@@ -14,9 +14,10 @@ from tests.conftest import ft_env, run_ft
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_a_culprit_whose_confirmation_fails_is_never_found(tmp_path):
+def test_a_culprit_whose_confirmation_fails_is_never_found(tmp_path, monkeypatch):
     # commit 7's figure flips between the two modes: bad for the search's three samples, then
     # like its neighbour for every fresh confirmation sample
+    monkeypatch.setenv("FIG_SEED", "flat")  # fixed noise: 1 run in 20 would "differ" by chance
     figures: list[float | str] = step(12, 7)
     figures[7] = "80 80 80 100"
     p = make_project(tmp_path, figures)
