@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ft.bench.bw_formats import ENGINE_FORMAT_NAMES, FORMATS, BenchFormat
 from ft.bench.bw_links import cpu_stream_read_gbs
-from ft.engine.cpu.pool import COMPUTE_MODES, CpuMoeExecutor, ExpertJob
+from ft.engine.cpu.pool import COMPUTE_MODES, CpuMoeExecutor
 from ft.errors import FtError
 
 HIDDEN, INTER = 2048, 768
@@ -165,6 +165,7 @@ class _PoolSide:
 
     def __init__(self, pool: CpuMoeExecutor, fmt: BenchFormat, bank) -> None:
         self.pool, self.fmt, self.bank, self.expert_bytes = pool, fmt, bank, _bytes(fmt)
+        self.submit_s = 0.0  # the last call's submit (the caller's side), for the row
 
     def act_rounding(self, tokens: int):
         """The layer kernel's rounding of x and act (layer.act_rounding) or None."""
@@ -174,8 +175,19 @@ class _PoolSide:
         return self.fmt.form.dequantize({k: t[expert] for k, t in self.bank.items()}, torch.float32)
 
     def call(self, x, experts: list[int], weight: float):
-        jobs = _jobs(self.bank, self.fmt.form.name, experts, x.shape[0], weight)
-        return lambda: self.pool.submit(x, jobs).wait()
+        """Every token routed to every expert; timed from the routing to the result, as hybrid
+        submits a layer's CPU share (submit_routed)."""
+        ids = torch.tensor(experts).expand(x.shape[0], -1)  # [T, k]
+        weights = torch.full(ids.shape, weight)
+        fmt = self.fmt.form.name
+
+        def run():
+            start = time.perf_counter()
+            handle = self.pool.submit_routed(x, self.bank, fmt, ids, weights, experts)
+            self.submit_s = time.perf_counter() - start  # the caller's side: the plan, built
+            return handle.wait()
+
+        return run
 
 
 def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg, read,
@@ -190,7 +202,7 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
         x = torch.randn(tokens, HIDDEN).to(fmt.dtype)
         errs = {key: _verify(side.name, side, fmt, x) for key, side in sides.items()}
         for k in cfg.experts_per_call:
-            times = {key: [] for key in sides}
+            times, submits = {key: [] for key in sides}, []
             for call in range(WARMUP_CALLS + cfg.calls):
                 for key, side in sides.items():  # interleaved: the pool's call, the peer's, ...
                     run = side.call(x, [(cursor + j) % count for j in range(k)], ROUTER_WEIGHT)
@@ -201,7 +213,10 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
                     run()
                     if call >= WARMUP_CALLS:
                         times[key].append(time.perf_counter() - start)
-            row = dict(fmt=fmt.name, compute=compute, tokens=tokens, experts=k)
+                        if key == "":
+                            submits.append(side.submit_s)
+            row = dict(fmt=fmt.name, compute=compute, tokens=tokens, experts=k,
+                       submit_us=round(statistics.median(submits) * 1e6, 1))  # fmt: skip
             for key, side in sides.items():
                 row.update(_cell(key, times[key], k * side.expert_bytes, read, errs[key]))
             if other is not None:
@@ -239,12 +254,6 @@ def _peer_cells(row: dict, other) -> dict:
 
 def _bytes(fmt: BenchFormat) -> int:
     return fmt.expert_bytes(HIDDEN, INTER)
-
-
-def _jobs(bank, fmt: str, experts: list[int], tokens: int,
-          weight: float = ROUTER_WEIGHT) -> list[ExpertJob]:  # fmt: skip
-    rows, weights = torch.arange(tokens), torch.full((tokens,), weight)
-    return [ExpertJob({k: t[e] for k, t in bank.items()}, rows, weights, fmt) for e in experts]
 
 
 def _check(pool: CpuMoeExecutor, fmt: BenchFormat, bank, tokens: int) -> float:

@@ -86,7 +86,8 @@ def _render(result: dict) -> None:
         f"ft bench cpu-moe: {result['threads']} threads, D={result['hidden']} "
         f"I={result['inter']}, host read {read} GB/s"
     )
-    columns = ["format", "compute", "tokens", "experts/call", "us/call", "GB/s", "of read"]
+    columns = ["format", "compute", "tokens", "experts/call", "us/call", "submit us", "GB/s",
+               "of read"]  # fmt: skip
     if peer:
         title += f"; beside {peer['name']} {peer['version']} ({peer['variant']})"
         columns += [f"{peer['name']} us/call", f"{peer['name']} GB/s", f"ft/{peer['name']}"]
@@ -95,7 +96,7 @@ def _render(result: dict) -> None:
         table.add_column(column, justify="left" if column in ("format", "compute") else "right")
     for r in result["rows"]:
         cells = [r["fmt"], r["compute"], str(r["tokens"]), str(r["experts"]), f"{r['us']:.0f}",
-                 f"{r['gbs']:.2f}", _fraction(r["of_read"])]  # fmt: skip
+                 f"{r['submit_us']:.0f}", f"{r['gbs']:.2f}", _fraction(r["of_read"])]  # fmt: skip
         if peer and r["peer_note"]:
             cells += [r["peer_note"].split(":")[0], "", ""]
         elif peer:

@@ -73,9 +73,9 @@ HYBRID = "ft/engine/strategies/hybrid.py"
 PLANTED_FUNCTION = "_cpu_experts"  # the inline function the diagnosis must name
 
 _SUBMIT_OLD = """\
-        jobs = expert_jobs(self.store.banks[layer], ids, weights, experts, self.fmt)
-        self.experts_cpu_total += len(jobs)
-        return self.pool.submit(x_host, jobs)
+        self.experts_cpu_total += len(experts)  # each is routed a token (_route, _split)
+        bank = self.store.banks[layer]
+        return self.pool.submit_routed(x_host, bank, self.fmt, ids, weights, experts)
 """
 _SUBMIT_NEW = """\
         self.experts_cpu_total += len(experts)

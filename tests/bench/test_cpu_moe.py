@@ -28,6 +28,7 @@ def test_cli_measures_every_cell_beside_host_read():
     assert cells == {(f, "auto", t, k) for f in ("bf16", "nvfp4") for t in (1, 2) for k in (1, 2)}
     for r in result["rows"]:
         assert r["gbs"] > 0 and r["max_err"] < 1e-3
+        assert 0 < r["submit_us"] < r["us"]  # the caller's side is part of the call
         assert r["of_read"] == pytest.approx(r["gbs"] / result["stream_read_gbs"], abs=1e-3)
 
 
@@ -48,6 +49,6 @@ def test_a_pool_off_the_reference_gives_no_figure(monkeypatch):
     with CpuMoeExecutor(threads=1) as pool:
         assert cpu_moe._check(pool, fmt, bank, tokens=1) < 1e-3
         wrong = type("Handle", (), {"wait": lambda self: torch.zeros(1, cpu_moe.HIDDEN)})()
-        monkeypatch.setattr(pool, "submit", lambda x, jobs: wrong)
+        monkeypatch.setattr(pool, "submit_routed", lambda *args: wrong)
         with pytest.raises(FtError, match="differs from float32 torch"):
             cpu_moe._check(pool, fmt, bank, tokens=1)

@@ -236,17 +236,45 @@ def ref_dense_moe(x, w13, w2, topk_ids, topk_weights):
     return out
 
 
-@pytest.mark.parametrize("tokens", [1, 5])
-def test_expert_jobs_from_routing_match_a_dense_moe(tokens):
+def dense_routing(tokens: int):
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, D, generator=gen)
     w13 = torch.randn(EXPERTS, 2 * INTER, D, generator=gen) / D**0.5
     w2 = torch.randn(EXPERTS, D, INTER, generator=gen) / INTER**0.5
     scores = torch.randn(tokens, EXPERTS, generator=gen).softmax(-1)
     topk_weights, topk_ids = scores.topk(3, dim=-1)  # [T, K]
-    jobs = expert_jobs({"w13": w13, "w2": w2}, topk_ids, topk_weights, list(range(EXPERTS)))
-    with CpuMoeExecutor(threads=2, min_slice=8) as pool:
+    return x, {"w13": w13, "w2": w2}, topk_ids, topk_weights
+
+
+@pytest.mark.parametrize("compute", ["auto", "float32"])  # the layer kernel, the row blocks
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_a_layer_from_its_routing_matches_a_dense_moe(tokens, compute):
+    x, bank, topk_ids, topk_weights = dense_routing(tokens)
+    jobs = expert_jobs(bank, topk_ids, topk_weights, list(range(EXPERTS)))
+    expected = ref_dense_moe(x, bank["w13"], bank["w2"], topk_ids, topk_weights)
+    with CpuMoeExecutor(threads=2, min_slice=8, compute=compute) as pool:
         out = pool.submit(x, jobs).wait()
         assert pool.stats.experts_in_pool == len(jobs) == topk_ids.unique().numel()
-    expected = ref_dense_moe(x, w13, w2, topk_ids, topk_weights)
+        routed = pool.submit_routed(x, bank, "bf16", topk_ids, topk_weights, list(range(EXPERTS)))
+        torch.testing.assert_close(routed.wait(), expected, rtol=1e-5, atol=1e-5)
+        assert pool.stats.experts_in_pool == 2 * len(jobs)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("why", ["forced", "closed"])
+def test_a_routed_layer_off_the_pool_is_counted_and_warned_once(why, ft_log, monkeypatch):
+    if why == "forced":
+        monkeypatch.setenv("FT_CPU_MOE_INLINE", "1")
+    x, bank, topk_ids, topk_weights = dense_routing(3)
+    expected = ref_dense_moe(x, bank["w13"], bank["w2"], topk_ids, topk_weights)
+    pool = CpuMoeExecutor(threads=1)
+    if why == "closed":
+        pool.close()
+    for _ in range(2):
+        out = pool.submit_routed(x, bank, "bf16", topk_ids, topk_weights, list(range(EXPERTS)))
+        torch.testing.assert_close(out.wait(), expected, rtol=1e-5, atol=1e-5)
+    pool.close()
+    routed = topk_ids.unique().numel()
+    assert pool.stats.experts_inline == 2 * routed and pool.stats.experts_in_pool == 0
+    warnings = [r for r in ft_log.records if "outside the pool" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING

@@ -247,6 +247,56 @@ def test_a_part_of_the_wrong_shape_is_refused_not_read_out_of_bounds():
     assert "w13_scale" in str(failed.value.__cause__)
 
 
+@pytest.mark.parametrize("fmt", EXPERT_FORMATS)
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_a_routed_submit_is_the_submit_of_its_jobs(fmt, tokens):
+    """submit_routed builds the layer kernel's plan from the bank's addresses and the routing in
+    array operations: the same call, bit for bit, as the jobs expert_jobs makes, experts no
+    token reaches left out (and not counted)."""
+    bank = FORMATS[fmt].quantize(*float_experts(seed=4))
+    if fmt == "bf16":
+        bank = {k: t.bfloat16() for k, t in bank.items()}
+    x, ids, weights = routed(tokens, seed=11 + tokens)
+    experts = [4, 0, 5, 1, 2, 3]  # any order; with 1 token, 3 of them get none
+    with CpuMoeExecutor(threads=2) as pool:
+        jobs = expert_jobs(bank, ids, weights, experts, fmt)
+        want = pool.submit(x, jobs).wait()
+        got = pool.submit_routed(x, bank, fmt, ids, weights, experts).wait()
+        assert torch.equal(got, want)
+        assert pool.stats.experts_in_pool == 2 * len(jobs)
+        one = pool.submit_routed(x, bank, fmt, ids, weights, [int(ids[0, 1])]).wait()
+        only = [j for j in jobs if j.parts["w13"].data_ptr() == bank["w13"][ids[0, 1]].data_ptr()]
+        assert torch.equal(one, pool.submit(x, only).wait())
+
+
+def test_a_routed_submit_refuses_what_the_kernel_cannot_read():
+    """The kernel reads raw addresses: the bank, the experts and the routing are checked in the
+    caller, and a bank changed after a good call is checked again."""
+    bank = FORMATS["int8"].quantize(*float_experts(seed=6))
+    x, ids, weights = routed(2, seed=5)
+    with CpuMoeExecutor(threads=2) as pool:
+        pool.submit_routed(x, bank, "int8", ids, weights, [0, 1]).wait()
+        with pytest.raises(ValueError, match=r"experts must lie in \[0, 6\)"):
+            pool.submit_routed(x, bank, "int8", ids, weights, [6])
+        with pytest.raises(ValueError, match="does not match x"):
+            pool.submit_routed(x[:1], bank, "int8", ids, weights, [0])
+        unrouted = next(e for e in range(E) if e not in ids.flatten().tolist())
+        with pytest.raises(ValueError, match="no token is routed"):
+            pool.submit_routed(x, bank, "int8", ids, weights, [unrouted])
+        short = {**bank, "w2_scale": bank["w2_scale"][:, :-1]}
+        with pytest.raises(ValueError, match="w2_scale"):
+            pool.submit_routed(x, short, "int8", ids, weights, [0])
+        strided = {**bank, "w13": bank["w13"].transpose(1, 2).contiguous().transpose(1, 2)}
+        with pytest.raises(ValueError, match="w13: want \\[6, ...\\] of contiguous experts"):
+            pool.submit_routed(x, strided, "int8", ids, weights, [0])
+        # experts apart in memory (a store that packs each expert's parts together) are read
+        apart = {k: torch.stack([t, torch.zeros_like(t)], dim=1)[:, 0] for k, t in bank.items()}
+        assert not apart["w13"].is_contiguous()
+        from_apart = pool.submit_routed(x, apart, "int8", ids, weights, [0, 1]).wait()
+        out = pool.submit_routed(x, bank, "int8", ids, weights, [0, 1]).wait()  # still serves
+        assert torch.equal(from_apart, out) and pool.alive
+
+
 @pytest.mark.parametrize("fmt", QUANTIZED)
 def test_cpu_executor_with_bf16_activations(fmt):
     """A bf16 engine: the codes are multiplied in float32 all the same (x rounded to bf16)."""

@@ -10,6 +10,7 @@ here, because the kernel reads raw addresses and checks no bounds.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -71,8 +72,10 @@ def act_rounding(fmt: str, weight_dtype: torch.dtype, tokens: int):
 class LayerHandle:
     """One submitted call; wait() returns [T, D] float32 (the sum over its experts)."""
 
-    def __init__(self, calls: LayerCalls, gen: int, out: torch.Tensor, keep: tuple) -> None:
+    def __init__(self, calls: LayerCalls, gen: int, out: torch.Tensor, keep: tuple,
+                 experts: int) -> None:  # fmt: skip
         self._calls, self.gen, self._out = calls, gen, out
+        self.experts = experts  # expert FFNs in the call
         self._keep = keep  # what the workers read by address: alive until the call is done
         self._finished = False
         self.ran_on: set[str] = set()
@@ -101,6 +104,7 @@ class LayerCalls:
         self._gen = 0
         self._last: LayerHandle | None = None
         self._lock = threading.Lock()  # submits from two threads publish one after the other
+        self._layouts: dict[tuple, BankLayout] = {}  # bank_layout's, by what it checked
 
     def serve(self, worker: int) -> None:
         """The worker thread's whole life (returns on stop)."""
@@ -125,15 +129,110 @@ class LayerCalls:
 
     def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> LayerHandle:
         """Publish the jobs (all of one format, weights on the host) as one call."""
-        plan, keep, out = build_plan(x, jobs, self.workers)
+        return self._publish(*build_plan(x, jobs, self.workers))
+
+    def submit_routed(
+        self, x: torch.Tensor, bank: dict[str, torch.Tensor], fmt: str,
+        topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: list[int],
+    ) -> LayerHandle:  # fmt: skip
+        """As submit(x, expert_jobs(bank, topk_ids, topk_weights, experts, fmt)), with the plan
+        built from the bank's addresses and the routing in a few array operations: no Python per
+        expert (a layer's call is ~10 array ops however many experts it holds)."""
+        layout = self._layout(bank, fmt, x.shape[1])
+        return self._publish(*build_routed_plan(x, layout, topk_ids, topk_weights, experts,
+                                                self.workers))  # fmt: skip
+
+    def _layout(self, bank: dict[str, torch.Tensor], fmt: str, hidden: int) -> BankLayout:
+        """The bank's layout, checked once per bank: the key holds every fact the check read."""
+        code_parts = kernel_format(fmt, bank["w13"].dtype)
+        parts = [bank.get(name) for name in (code_parts[1] if code_parts else ())]
+        key = (fmt, hidden, *((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+                              for t in parts if t is not None))  # fmt: skip
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) > 1024:  # banks come and go (tests, benchmarks): keep it small
+                self._layouts.clear()
+            layout = self._layouts[key] = bank_layout(bank, fmt, hidden)
+        return layout
+
+    def _publish(self, plan: np.ndarray, keep: tuple, out: torch.Tensor) -> LayerHandle:
         with self._lock:
             if self._last is not None:
                 self._last.wait()  # one call in flight: the workers share one control block
             self._gen += 1
-            handle = LayerHandle(self, self._gen, out, (plan, *keep))
+            handle = LayerHandle(self, self._gen, out, (plan, *keep), int(plan[K.EXPERTS]))
             K.start_call(self.ctrl, plan.ctypes.data, self._gen)
             self._last = handle
         return handle
+
+
+@dataclass(frozen=True)
+class BankLayout:
+    """Where a layer's host bank (part -> [E, ...], each expert's part contiguous) keeps each
+    expert's parts: the plan's part words of expert e are base + e * stride (0 for parts the
+    format lacks)."""
+
+    code: int  # the kernel's format
+    experts: int  # E
+    hidden: int  # D
+    inter: int  # I
+    base: np.ndarray  # [PARTS] int64: expert 0's part addresses
+    stride: np.ndarray  # [PARTS] int64: bytes from one expert's part to the next's
+
+
+def bank_layout(bank: dict[str, torch.Tensor], fmt: str, hidden: int) -> BankLayout:
+    """The bank's layout; ValueError for what the kernel cannot read safely (a part missing, of
+    the wrong shape or dtype for (D, I), not contiguous, not on the CPU)."""
+    w13 = bank["w13"]
+    code_parts = kernel_format(fmt, w13.dtype)
+    if code_parts is None:
+        raise ValueError(f"no layer kernel for {fmt} experts of {w13.dtype}")
+    code, names = code_parts
+    experts, inter = w13.shape[0], w13.shape[1] // 2
+    base, stride = np.zeros(K.PARTS, np.int64), np.zeros(K.PARTS, np.int64)
+    for p, name in enumerate(names):
+        t = bank.get(name)
+        if t is None:
+            raise ValueError(f"{fmt} bank has no part {name}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{fmt} bank part {name} is on {t.device}, needs the CPU")
+        # the kernel walks an expert's rows by address; experts may sit apart (a store that
+        # packs each expert's parts together)
+        if t.dim() < 2 or t.shape[0] != experts or not t[0].is_contiguous():
+            raise ValueError(f"{fmt} bank part {name}: want [{experts}, ...] of contiguous experts")
+        base[p], stride[p] = t.data_ptr(), t.stride(0) * t.element_size()
+    check_parts(get_format(fmt), {name: bank[name][0] for name in names}, hidden, inter)
+    return BankLayout(code, experts, hidden, inter, base, stride)
+
+
+def build_routed_plan(x: torch.Tensor, layout: BankLayout, topk_ids: torch.Tensor,
+                      topk_weights: torch.Tensor, experts: list[int], workers: int):  # fmt: skip
+    """build_plan's result for the experts of `experts` that the routing (topk_ids /
+    topk_weights [T, K], on the CPU) sends tokens to, each with its tokens in order; ValueError
+    for an expert outside the bank or routing that does not match x."""
+    tokens, hidden = x.shape
+    if tuple(topk_ids.shape) != tuple(topk_weights.shape) or topk_ids.shape[0] != tokens:
+        raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} does "
+                         f"not match x {tuple(x.shape)}")  # fmt: skip
+    if hidden != layout.hidden:
+        raise ValueError(f"x has hidden size {hidden}, the bank {layout.hidden}")
+    chosen = np.asarray(experts, np.int64)
+    if chosen.size and (chosen.min() < 0 or chosen.max() >= layout.experts):
+        raise ValueError(f"experts must lie in [0, {layout.experts})")
+    ids = topk_ids.numpy().reshape(1, -1)
+    routed = ids == chosen[:, None]  # [k, T*K]: where each chosen expert's tokens are
+    _, slot = np.nonzero(routed)  # by expert, then token: expert_jobs' order
+    counts = routed.sum(1)
+    chosen = chosen[counts > 0]  # an expert no token reaches is no work
+    if not chosen.size:
+        raise ValueError("no token is routed to the given experts")
+    starts = np.zeros(chosen.size + 1, np.int64)
+    np.cumsum(counts[counts > 0], out=starts[1:])
+    rows = slot // topk_ids.shape[1]
+    weights = topk_weights.to(torch.float32).numpy().reshape(-1)[slot]
+    plan = np.zeros(K.HEADER + chosen.size * K.PARTS, np.int64)
+    plan[K.HEADER :].reshape(-1, K.PARTS)[:] = layout.base + chosen[:, None] * layout.stride
+    return _finish_plan(plan, layout.code, x, layout.inter, starts, rows, weights, workers, ())
 
 
 def build_plan(x: torch.Tensor, jobs: list[ExpertJob], workers: int):
@@ -164,11 +263,18 @@ def build_plan(x: torch.Tensor, jobs: list[ExpertJob], workers: int):
     if rows.size and (rows.min() < 0 or rows.max() >= tokens):
         raise ValueError(f"token rows must lie in [0, {tokens})")
     weights = torch.cat([job.weights for job in jobs]).to(torch.float32).numpy()
+    keep = [job.parts for job in jobs]
+    return _finish_plan(plan, code, x, inter, starts, rows, weights, workers, keep)
+
+
+def _finish_plan(plan, code, x, inter, starts, rows, weights, workers, keep):
+    """The plan's header; -> (plan, arrays it points at, out [T, D])."""
+    tokens, hidden = x.shape
     xs = x.to(torch.float32).contiguous().numpy()
     act = np.empty((max(int(starts[-1]), 1), inter), np.float32)
     out = torch.empty(tokens, hidden, dtype=torch.float32)
     plan[: K.TOKEN_WEIGHT + 1] = (
-        code, len(jobs), tokens, hidden, inter, workers, xs.ctypes.data, act.ctypes.data,
+        code, len(starts) - 1, tokens, hidden, inter, workers, xs.ctypes.data, act.ctypes.data,
         out.data_ptr(), starts.ctypes.data, rows.ctypes.data, weights.ctypes.data,
     )  # fmt: skip
-    return plan, (xs, act, starts, rows, weights, [job.parts for job in jobs]), out
+    return plan, (xs, act, starts, rows, weights, keep), out

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ft import cpuinfo, settings
-from ft.engine.cpu.compute import (  # noqa: F401  (expert_jobs: for the strategies)
+from ft.engine.cpu.compute import (
     COMPUTE_MODES,
     ExpertJob,
     Slice,
@@ -205,7 +205,9 @@ class CpuMoeExecutor:
 
     def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> CpuMoeHandle | LayerHandle:
         """Start the jobs on the workers and return at once; x is [T, D] on the CPU."""
-        _check_on_cpu(x, jobs)
+        _check_on_cpu(("x", x), *((f"jobs[{i}].{n}", t) for i, j in enumerate(jobs)
+                                  for n, t in (*j.parts.items(), ("rows", j.rows),
+                                               ("weights", j.weights))))  # fmt: skip
         jobs = [j for j in jobs if j.rows.numel() > 0]
         if self.force_inline or not self.alive:
             return self._run_inline(x, jobs)
@@ -221,6 +223,23 @@ class CpuMoeExecutor:
         handle = CpuMoeHandle(x, len(slices), self.threads)
         for sl in slices:
             self._tasks.put((handle, sl))
+        return handle
+
+    def submit_routed(
+        self, x: torch.Tensor, bank: dict[str, torch.Tensor], fmt: str,
+        topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: list[int],
+    ) -> CpuMoeHandle | LayerHandle:  # fmt: skip
+        """A layer's CPU share from its routing: submit(x, expert_jobs(bank, topk_ids,
+        topk_weights, experts, fmt)), where the layer kernel reads the bank without a job per
+        expert (the plan from the bank's addresses). x [T, D], topk_ids / topk_weights [T, K] and
+        the bank (part -> [E, ...], format `fmt`) on the CPU."""
+        layer = self._layer
+        reads = layer is not None and layer.reads(fmt, bank["w13"].dtype)
+        if self.force_inline or not self.alive or not reads:
+            return self.submit(x, expert_jobs(bank, topk_ids, topk_weights, experts, fmt))
+        _check_on_cpu(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights))
+        handle = layer.submit_routed(x, bank, fmt, topk_ids, topk_weights, experts)
+        self._in_pool[0] += handle.experts  # counted at submit: no worker runs Python to count
         return handle
 
     def _plan(self, x: torch.Tensor, jobs: list[ExpertJob]) -> list[Slice]:
@@ -283,11 +302,8 @@ class CpuMoeExecutor:
                 handle.task_done(exc)
 
 
-def _check_on_cpu(x: torch.Tensor, jobs: list[ExpertJob]) -> None:
+def _check_on_cpu(*tensors: tuple[str, torch.Tensor]) -> None:
     """Fail in the caller, not later in a worker: everything the pool reads is host memory."""
-    tensors = [("x", x)] + [(f"jobs[{i}].{n}", t) for i, j in enumerate(jobs)
-                            for n, t in (*j.parts.items(), ("rows", j.rows),
-                                         ("weights", j.weights))]  # fmt: skip
     for name, t in tensors:
         if t.device.type != "cpu":
             raise ValueError(f"CpuMoeExecutor.submit: {name} is on {t.device}, needs the CPU")

@@ -30,7 +30,6 @@ from ft.engine.cpu.compute import uses_kernels
 from ft.engine.cpu.pool import (
     CpuMoeExecutor,
     CpuMoeHandle,
-    expert_jobs,
     log_ready,
     lower_torch_threads,
 )
@@ -128,9 +127,9 @@ class CpuPoolSide:
             return None
         x_host = x.to("cpu")  # [T, D]: the layer's one copy of activations to the host
         ids, weights = topk_ids.to("cpu"), topk_weights.to("cpu")  # [T, K] routing
-        jobs = expert_jobs(self.store.banks[layer], ids, weights, experts, self.fmt)
-        self.experts_cpu_total += len(jobs)
-        return self.pool.submit(x_host, jobs)
+        self.experts_cpu_total += len(experts)  # each is routed a token (_route, _split)
+        bank = self.store.banks[layer]
+        return self.pool.submit_routed(x_host, bank, self.fmt, ids, weights, experts)
 
     def close(self) -> None:
         self.pool.close()
