@@ -4,9 +4,11 @@ synthesized quantised checkpoints that decode the same greedy ids under every st
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import shutil
+import weakref
 
 import pytest
 import torch
@@ -295,6 +297,21 @@ def test_a_routed_submit_refuses_what_the_kernel_cannot_read():
         from_apart = pool.submit_routed(x, apart, "int8", ids, weights, [0, 1]).wait()
         out = pool.submit_routed(x, bank, "int8", ids, weights, [0, 1]).wait()  # still serves
         assert torch.equal(from_apart, out) and pool.alive
+
+
+def test_a_routed_call_keeps_the_bank_it_reads_alive_until_it_is_done():
+    """The workers read the bank by address: a caller that drops it mid-call frees nothing."""
+    bank = FORMATS["int8"].quantize(*float_experts(seed=8))
+    x, ids, weights = routed(2, seed=9)
+    experts = ids.unique().tolist()
+    with CpuMoeExecutor(threads=2) as pool:
+        want = pool.submit_routed(x, bank, "int8", ids, weights, experts).wait()
+        part = weakref.ref(bank["w13"])
+        handle = pool.submit_routed(x, bank, "int8", ids, weights, experts)
+        del bank
+        gc.collect()
+        assert part() is not None
+        assert torch.equal(handle.wait(), want)
 
 
 @pytest.mark.parametrize("fmt", QUANTIZED)

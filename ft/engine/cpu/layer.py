@@ -139,8 +139,9 @@ class LayerCalls:
         built from the bank's addresses and the routing in a few array operations: no Python per
         expert (a layer's call is ~10 array ops however many experts it holds)."""
         layout = self._layout(bank, fmt, x.shape[1])
-        return self._publish(*build_routed_plan(x, layout, topk_ids, topk_weights, experts,
-                                                self.workers))  # fmt: skip
+        plan, keep, out = build_routed_plan(x, layout, topk_ids, topk_weights, experts,
+                                            self.workers)  # fmt: skip
+        return self._publish(plan, (*keep, bank), out)  # the bank read by address: kept alive
 
     def _layout(self, bank: dict[str, torch.Tensor], fmt: str, hidden: int) -> BankLayout:
         """The bank's layout, checked once per bank: the key holds every fact the check read."""
@@ -223,11 +224,12 @@ def build_routed_plan(x: torch.Tensor, layout: BankLayout, topk_ids: torch.Tenso
     routed = ids == chosen[:, None]  # [k, T*K]: where each chosen expert's tokens are
     _, slot = np.nonzero(routed)  # by expert, then token: expert_jobs' order
     counts = routed.sum(1)
-    chosen = chosen[counts > 0]  # an expert no token reaches is no work
+    live = counts > 0  # an expert no token reaches is no work
+    chosen = chosen[live]
     if not chosen.size:
         raise ValueError("no token is routed to the given experts")
     starts = np.zeros(chosen.size + 1, np.int64)
-    np.cumsum(counts[counts > 0], out=starts[1:])
+    np.cumsum(counts[live], out=starts[1:])
     rows = slot // topk_ids.shape[1]
     weights = topk_weights.to(torch.float32).numpy().reshape(-1)[slot]
     plan = np.zeros(K.HEADER + chosen.size * K.PARTS, np.int64)
