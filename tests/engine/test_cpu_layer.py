@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import threading
 
+import numba
 import pytest
 import torch
 
 from ft.bench.cpu_moe import ACT_FLIPS
-from ft.engine.cpu import layer_kernel
+from ft.engine.cpu import intrinsics, layer_kernel
 from ft.engine.cpu.layer import act_rounding, bf16_round, kernel_format, q8_0
 from ft.engine.cpu.pool import THREAD_PREFIX, CpuMoeExecutor, ExpertJob, expert_jobs
 from tests.engine import quant_ref
@@ -63,13 +64,13 @@ def test_layer_kernel_equals_float32_reference(fmt, dtype, shape, threads):
             ids, weights = routing(tokens, top_k, seed=tokens + threads)
             jobs = expert_jobs(bank, ids, weights, list(range(EXPERTS)), fmt)
             out = pool.submit(x, jobs).wait()
-            # int8, nvfp4 (AVX2): experts of one token take the integer dot; bf16 (AVX512-BF16)
-            # the bf16 dot; their rounding modelled; a few act roundings may land the other way
-            # (ACT_FLIPS, one step each)
-            rounding = act_rounding(fmt, bank["w13"].dtype, 1)
-            int_dot, bf16_dot = rounding is q8_0, rounding is bf16_round
+            # int8, nvfp4 (AVX2): experts of one token take the integer dot; on AVX512-BF16
+            # every other expert but float32's the bf16 dot; their rounding modelled; a few act
+            # roundings may land the other way (ACT_FLIPS, one step each)
+            int_dot = act_rounding(fmt, bank["w13"].dtype, 1) is q8_0
+            bf16_dot = act_rounding(fmt, bank["w13"].dtype, 2) is bf16_round
             want = reference(x, w13, w2, ids, weights, int_dot, bf16_dot)
-            flip = quant_ref.act_flip(x, w13, w2, ids, weights) if rounding else 0.0
+            flip = quant_ref.act_flip(x, w13, w2, ids, weights) if int_dot or bf16_dot else 0.0
             flips = ACT_FLIPS * flip
             torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5 + flips)
         assert pool.stats.experts_inline == 0
@@ -89,21 +90,84 @@ def test_bf16_activations_round_as_torch_does():
     assert torch.equal(got, v.to(torch.bfloat16).view(torch.int16))
 
 
+@pytest.mark.parametrize("tokens", [1, 2, 6])
 @pytest.mark.parametrize("cols", [0, 32, 96, 160, 300])
-def test_bf16_dots_equal_the_float32_dot_of_the_bf16_values(cols):
-    """bf16_dots (vdpbf16ps on AVX512-BF16, generic IR elsewhere; accumulators and a tail)
-    against float64 on the same bf16 values, for each row of a [3, cols] projection."""
+def test_bf16_dots_equal_the_float32_dot_of_the_bf16_values(cols, tokens):
+    """bf16_dots (vdpbf16ps on AVX512-BF16, generic IR elsewhere; up to DOT_TOKENS tokens a
+    pass, accumulators and a tail) against float64 on the same bf16 values, for each row of a
+    [3, cols] projection, tokens in another order than their rows."""
     gen = torch.Generator().manual_seed(cols)
     w = torch.randn(3, cols, generator=gen).to(torch.bfloat16)
-    v = torch.randn(2, cols, generator=gen).to(torch.bfloat16)
+    v = torch.randn(tokens, cols, generator=gen).to(torch.bfloat16)
     parts = torch.zeros(layer_kernel.PARTS, dtype=torch.int64)
     parts[layer_kernel.W13] = w.data_ptr()
-    vb, sel, dots = v.view(torch.int16).numpy().view("uint16"), torch.tensor([1, 0]), torch.zeros(2)
+    vb, sel = v.view(torch.int16).numpy().view("uint16"), torch.arange(tokens).flip(0)
+    wb, groups, dots = (
+        torch.empty(cols, dtype=torch.int16),
+        torch.empty(cols // 16 + 1),
+        torch.zeros(tokens),
+    )
     for r in range(3):
-        layer_kernel.bf16_dots(parts.numpy(), layer_kernel.W13, r, cols, vb, sel.numpy(), 0, 2,
-                               dots.numpy())  # fmt: skip
+        layer_kernel.bf16_dots(layer_kernel.BF16, parts.numpy(), layer_kernel.W13, r, cols, 3,
+                               wb.numpy().view("uint16"), groups.numpy(), vb, sel.numpy(), 0,
+                               tokens, dots.numpy())  # fmt: skip
         want = v[sel].double() @ w[r].double()
         torch.testing.assert_close(dots.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@numba.njit
+def _decode_int8(src, out):
+    intrinsics.decode_int8(src, out, src.shape[0] // 32)
+
+
+@numba.njit
+def _decode_e4m3(src, out):
+    intrinsics.decode_e4m3(src, out, src.shape[0] // 32)
+
+
+@numba.njit
+def _decode_e2m1(src, groups, out):
+    intrinsics.decode_e2m1(src, groups, out, src.shape[0] // 16)
+
+
+@numba.njit
+def _decode_e2m1_bf16(src, out):
+    intrinsics.decode_e2m1_bf16(src, out, src.shape[0] // 16)
+
+
+def _as_float(out: torch.Tensor) -> torch.Tensor:
+    """A decoded row as float32: bf16 bits (int16) widened, float32 as it is."""
+    return out.view(torch.bfloat16).float() if out.dtype == torch.int16 else out
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int16, torch.float32])  # bf16 bits, float32
+def test_row_decoders_give_every_code_exactly(out_dtype):
+    """The bf16 dot's and the float path's row decoders: every int8 value, every e4m3 code but
+    NaN, every e2m1 code times e4m3 group scales (subnormal ones too), bit for bit: the bf16
+    dot's exactness rests on each value fitting bf16."""
+
+    def run(decode, src, *more, n):
+        out = torch.empty(n, dtype=out_dtype)
+        decode(src.numpy(), *more, out.numpy().view("uint16") if out_dtype == torch.int16
+               else out.numpy())  # fmt: skip
+        return _as_float(out)
+
+    int8 = torch.arange(-127, 129, dtype=torch.int16).clamp(max=127).to(torch.int8)  # 256
+    assert torch.equal(run(_decode_int8, int8, n=256), int8.float())
+    e4m3 = torch.arange(256, dtype=torch.int16).to(torch.uint8)
+    e4m3[(e4m3 & 0x7F) == 0x7F] = 0  # the two NaN codes
+    want = e4m3.view(torch.float8_e4m3fn).float()
+    assert torch.equal(run(_decode_e4m3, e4m3, n=256), want)
+    packed = torch.arange(256, dtype=torch.int16).to(torch.uint8)  # every pair of codes
+    codes = torch.stack([packed & 15, packed >> 4], -1).flatten()
+    values = layer_kernel.E2M1_INT[codes.numpy()] / 2.0
+    scale_codes = torch.tensor([0x01, 0x07, 0x08, 0x38, 0x7E] * 6 + [0x30, 0x3F], dtype=torch.uint8)
+    groups = scale_codes.view(torch.float8_e4m3fn).float()  # 32 groups of 16
+    want = torch.from_numpy(values).float() * groups.repeat_interleave(16)
+    assert torch.equal(run(_decode_e2m1, packed, groups.numpy(), n=512), want)
+    if out_dtype == torch.int16:  # the bf16 dot's nvfp4 decode: values only, scales in its dot
+        assert torch.equal(run(_decode_e2m1_bf16, packed, n=512),
+                           torch.from_numpy(values).float())  # fmt: skip
 
 
 def test_calls_in_a_row_and_unrouted_tokens_stay_zero():

@@ -221,12 +221,13 @@ def test_cpu_executor_equals_device_path_and_reference(fmt, tokens):
         cpu = pool.submit(x, jobs).wait()
         assert pool.stats.experts_in_pool == len(jobs)
     torch.testing.assert_close(device, ref, rtol=1e-5, atol=1e-5)
-    rounding = act_rounding(fmt, bank["w13"].dtype, 1)
-    if rounding:  # the pool's integer dot (experts of one token: int8, nvfp4 on AVX2) or bf16
-        # dot (AVX512-BF16): its rounding modelled
+    int_dot = act_rounding(fmt, bank["w13"].dtype, 1) is q8_0
+    bf16_dot = act_rounding(fmt, bank["w13"].dtype, 2) is bf16_round
+    if int_dot or bf16_dot:  # the pool's integer dot (experts of one token: int8, nvfp4 on
+        # AVX2) or bf16 dot (AVX512-BF16): its rounding modelled
         w13, w2 = quant_ref.dequantize(bank, fmt)
-        ref = quant_ref.moe_reference(x, w13, w2, ids, weights, int_dot=rounding is q8_0,
-                                      bf16_dot=rounding is bf16_round)  # fmt: skip
+        ref = quant_ref.moe_reference(x, w13, w2, ids, weights, int_dot=int_dot,
+                                      bf16_dot=bf16_dot)  # fmt: skip
         flips = ACT_FLIPS * quant_ref.act_flip(x, w13, w2, ids, weights)  # (test_cpu_layer)
         torch.testing.assert_close(cpu, ref, rtol=1e-5, atol=1e-5 + flips)
         return

@@ -89,8 +89,29 @@ def f32_of_bits(typingctx, bits):
     return types.float32(types.uint32), codegen
 
 
-def _fsub_bits(builder, bits, corr):
-    f32 = ir.FloatType()
+def _const(ty, v):
+    """The constant v of type ty, every lane of a vector type."""
+    return ir.Constant(ty, [v] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(ty, v)
+
+
+def _e4m3_f32(builder, b):
+    """float32 (or <n x float>) of e4m3 bytes b, zero-extended to i32 (or <n x i32>) lanes."""
+    i32 = b.type
+    f32 = (
+        ir.VectorType(ir.FloatType(), i32.count)
+        if isinstance(i32, ir.VectorType)
+        else (ir.FloatType())
+    )
+
+    def c(v):
+        return _const(i32, v)
+
+    mag = builder.and_(b, c(0x7F))
+    sign = builder.shl(builder.and_(b, c(0x80)), c(24))
+    sub = builder.ashr(builder.sub(mag, c(8)), c(31))  # -1 where subnormal, else 0
+    bits = builder.add(builder.shl(mag, c(20)), c(120 << 23))
+    bits = builder.or_(builder.add(bits, builder.shl(builder.and_(sub, c(1)), c(23))), sign)
+    corr = builder.or_(builder.and_(sub, c(0x3C800000)), sign)  # 2^-6 where subnormal
     return builder.fsub(builder.bitcast(bits, f32), builder.bitcast(corr, f32))
 
 
@@ -102,18 +123,19 @@ def e4m3_value(typingctx, byte):
     built as the normal 2^-6 (1 + m/8), less 2^-6, so no float32 denormal is ever touched."""
 
     def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        c = lambda v: ir.Constant(i32, v)  # noqa: E731
-        b = builder.zext(args[0], i32)
-        mag = builder.and_(b, c(0x7F))
-        sign = builder.shl(builder.and_(b, c(0x80)), c(24))
-        sub = builder.ashr(builder.sub(mag, c(8)), c(31))  # -1 where subnormal, else 0
-        bits = builder.add(builder.shl(mag, c(20)), c(120 << 23))
-        bits = builder.or_(builder.add(bits, builder.shl(builder.and_(sub, c(1)), c(23))), sign)
-        corr = builder.or_(builder.and_(sub, c(0x3C800000)), sign)  # 2^-6 where subnormal
-        return _fsub_bits(builder, bits, corr)
+        return _e4m3_f32(builder, builder.zext(args[0], ir.IntType(32)))
 
     return types.float32(types.uint8), codegen
+
+
+@intrinsic
+def bits_of_f32(typingctx, value):
+    """The bits of a float32, as uint32 (a value exact in bf16 is its upper 16)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
 
 
 @intrinsic
@@ -331,62 +353,306 @@ class _BFloat(ir.Type):
 
 # bf16 dot: AVX512-BF16's vdpbf16ps (two bf16 products a float lane, fused), else generic IR
 AVX512BF16 = bool(_TARGET.get("avx512bf16") and _TARGET.get("avx512f"))
+AVX512BW = bool(_TARGET.get("avx512bw"))  # vpermw: the bf16 decodes' tables
 BF16_BLOCK = 32  # elements per vdpbf16ps (512 bits of bf16)
 BF16_CHAINS = 4  # independent accumulators: a vdpbf16ps waits ~5 cycles on its accumulator
 
 
-@intrinsic
-def bf16_dot(typingctx, w, x, blocks):
-    """sum over j < 32 blocks of w[j] * x[j] in float32; w and x uint16 arrays of bf16 bits.
-    Per block of 32: vdpbf16ps (16 float lanes, each += two bf16 products, exact in float32)
-    into block b % BF16_CHAINS's accumulator; one horizontal sum at the end. Without
-    AVX512-BF16 (the kernel then keeps bf16's float path, but this still compiles) the same in
-    generic IR: bits shifted to float32, multiplied, neighbours added."""
+def _bf16_block(builder, acc, wv, xv):
+    """acc <16 x float> plus the products of wv and xv (<32 x i16> bf16 bits), neighbours
+    added: vdpbf16ps with AVX512-BF16, else the same in generic IR (bits shifted to float32)."""
+    f32x16 = acc.type
+    if AVX512BF16:
+        bf = ir.VectorType(_BFloat(), BF16_BLOCK)
+        wb, xb = builder.bitcast(wv, bf), builder.bitcast(xv, bf)
+        return _call(builder, "llvm.x86.avx512bf16.dpbf16ps.512", f32x16, [acc, wb, xb])
+    f32x32, v32i32 = ir.VectorType(ir.FloatType(), 32), ir.VectorType(ir.IntType(32), 32)
+
+    def f32(v):
+        return builder.bitcast(builder.shl(builder.zext(v, v32i32), _const(v32i32, 16)), f32x32)
+
+    prod = _fast(builder.fmul(f32(wv), f32(xv)))
+    pairs = _fast(builder.fadd(_lanes(builder, prod, range(0, 32, 2)),
+                               _lanes(builder, prod, range(1, 32, 2))))  # fmt: skip
+    return _fast(builder.fadd(acc, pairs))
+
+
+def _hsum16(builder, accs):
+    """The sum of every lane of the <16 x float> accumulators `accs` (allocas)."""
+    total = builder.load(accs[0])
+    for acc in accs[1:]:
+        total = _fast(builder.fadd(total, builder.load(acc)))
+    for width in (8, 4, 2, 1):  # the upper half of the lanes added onto the lower
+        hi = _lanes(builder, total, range(width, 2 * width))
+        total = _fast(builder.fadd(_lanes(builder, total, range(width)), hi))
+    return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+
+
+# The row dot's scalings: a block's products as they are, times one scale per 4 blocks
+# (fp8_block: 128 columns), times one per 16 columns (nvfp4's groups)
+PLAIN, PER_128, PER_16 = 0, 1, 2
+DOT_TOKENS = 4  # tokens dotted with one pass over a row
+
+
+def _bf16_dot_rows(scaling):
+    """codegen of bf16_dot_rows for one scaling."""
 
     def codegen(context, builder, signature, args):
-        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-        f32x16, v32i16 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(i16, BF16_BLOCK)
-        w_ptr, x_ptr = _data(context, builder, signature, args, 2)
-        w_ptr = builder.bitcast(w_ptr, v32i16.as_pointer())
-        x_ptr = builder.bitcast(x_ptr, v32i16.as_pointer())
-        zero = ir.Constant(f32x16, [0.0] * 16)
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(BF16_CHAINS)]
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        f32, f32x16 = ir.FloatType(), ir.VectorType(ir.FloatType(), 16)
+        v32i16 = ir.VectorType(ir.IntType(16), BF16_BLOCK)
+        w_ty, vb_ty, sel_ty, _, _, _, s_ty, dots_ty, _ = signature.args
+        w, vb, sel, t0, n, blocks, s, dots, o = args
+        w_ptr = builder.bitcast(context.make_array(w_ty)(context, builder, w).data,
+                                v32i16.as_pointer())  # fmt: skip
+        vb_ary = context.make_array(vb_ty)(context, builder, vb)
+        row_bytes = cgutils.unpack_tuple(builder, vb_ary.strides)[0]
+        vb_base = builder.bitcast(vb_ary.data, ir.IntType(8).as_pointer())
+        sel_ptr = context.make_array(sel_ty)(context, builder, sel).data
+        s_ptr = context.make_array(s_ty)(context, builder, s).data
+        dots_ptr = context.make_array(dots_ty)(context, builder, dots).data
 
-        def add_block(b, acc):
-            wv = builder.load(builder.gep(w_ptr, [b]), align=2)
-            xv = builder.load(builder.gep(x_ptr, [b]), align=2)
-            if AVX512BF16:
-                bf = ir.VectorType(_BFloat(), BF16_BLOCK)
-                wb, xb = builder.bitcast(wv, bf), builder.bitcast(xv, bf)
-                name = "llvm.x86.avx512bf16.dpbf16ps.512"
-                new = _call(builder, name, f32x16, [builder.load(acc), wb, xb])
+        def x_row(i):  # token t0 + i's activations, as blocks of 32
+            row = builder.load(builder.gep(sel_ptr, [builder.add(t0, ir.Constant(i64, i))]))
+            at = builder.gep(vb_base, [builder.mul(row, row_bytes)])
+            return builder.bitcast(at, v32i16.as_pointer())
+
+        def scales(b):  # the block's per-lane scales (None: PLAIN)
+            if scaling == PER_128:
+                one = builder.load(builder.gep(s_ptr, [builder.udiv(b, ir.Constant(i64, 4))]))
+                return _lanes(
+                    builder,
+                    builder.insert_element(ir.Constant(f32x16, None), one, ir.Constant(i32, 0)),
+                    [0] * 16,
+                )
+            if scaling == PER_16:  # vdpbf16ps's lane L sums elements 2L, 2L + 1: lanes 0-7 are
+                pairs = builder.bitcast(s_ptr, ir.VectorType(f32, 2).as_pointer())  # group 2b
+                pair = builder.load(builder.gep(pairs, [b]), align=4)
+                return _lanes(builder, pair, [0] * 8 + [1] * 8)
+            return None
+
+        def dot_rows(tokens):
+            """dots[o + i] for i < tokens, one pass over w; each token's blocks into `chains`
+            accumulators (a vdpbf16ps waits ~5 cycles on its accumulator)."""
+            chains = max(1, BF16_CHAINS // tokens)
+            xs = [x_row(i) for i in range(tokens)]
+            accs = [[cgutils.alloca_once_value(builder, _const(f32x16, 0.0))
+                     for _ in range(chains)] for _ in range(tokens)]  # fmt: skip
+
+            def add_block(b, c):
+                wv = builder.load(builder.gep(w_ptr, [b]), align=2)
+                sv = scales(b)
+                for i in range(tokens):
+                    xv = builder.load(builder.gep(xs[i], [b]), align=2)
+                    acc = accs[i][c]
+                    if sv is None:
+                        builder.store(_bf16_block(builder, builder.load(acc), wv, xv), acc)
+                    else:
+                        prod = _bf16_block(builder, _const(f32x16, 0.0), wv, xv)
+                        new = _fast(builder.fadd(builder.load(acc), _fast(builder.fmul(prod, sv))))
+                        builder.store(new, acc)
+
+            step = ir.Constant(i64, chains)
+            rounds = builder.udiv(blocks, step)
+            with cgutils.for_range(builder, rounds) as loop:
+                first = builder.mul(loop.index, step)
+                for c in range(chains):
+                    add_block(builder.add(first, ir.Constant(i64, c)), c)
+            with cgutils.for_range(builder, builder.sub(blocks, builder.mul(rounds, step))) as lp:
+                add_block(builder.add(builder.mul(rounds, step), lp.index), 0)
+            for i in range(tokens):
+                out = builder.gep(dots_ptr, [builder.add(o, ir.Constant(i64, i))])
+                builder.store(_hsum16(builder, accs[i]), out)
+
+        for tokens in range(1, DOT_TOKENS + 1):
+            with builder.if_then(builder.icmp_signed("==", n, ir.Constant(i64, tokens))):
+                dot_rows(tokens)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def bf16_dot_rows(typingctx, w, vb, sel, t0, n, blocks, s, dots, o):
+    """dots[o + i] = sum over b < blocks, j < 32 of w[32 b + j] * vb[sel[t0 + i], 32 b + j],
+    float32, for i < n (1 to DOT_TOKENS): every token's dot in one pass over the row w. w, vb
+    bf16 bits (vb's rows contiguous); per 32: one vdpbf16ps (AVX512-BF16; generic IR elsewhere)
+    a token. s is not read (the scaled variants' argument)."""
+    return types.void(w, vb, sel, t0, n, blocks, s, dots, o), _bf16_dot_rows(PLAIN)
+
+
+@intrinsic
+def bf16_dot_rows_per_128(typingctx, w, vb, sel, t0, n, blocks, s, dots, o):
+    """bf16_dot_rows with each block's products times s[b // 4]: fp8_block's row, a scale per
+    128 columns."""
+    return types.void(w, vb, sel, t0, n, blocks, s, dots, o), _bf16_dot_rows(PER_128)
+
+
+@intrinsic
+def bf16_dot_rows_per_16(typingctx, w, vb, sel, t0, n, blocks, s, dots, o):
+    """bf16_dot_rows with element j's products times s[j // 16]: nvfp4's group scales."""
+    return types.void(w, vb, sel, t0, n, blocks, s, dots, o), _bf16_dot_rows(PER_16)
+
+
+# -- rows decoded 32 elements at a time, to bf16 bits (exact: every value the formats hold fits
+# bf16's 8 significant bits) or to float32, by the output array's dtype -----------------------
+
+
+def _put32(builder, values, out_ptr, b):
+    """Block b of out = the <32 x float> values, as out's dtype holds them: bf16 bits (the upper
+    half of each float32; exact for the values decoded here) or float32."""
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    if out_ptr.type.pointee == i16:
+        bits = builder.lshr(builder.bitcast(values, ir.VectorType(i32, 32)),
+                            _const(ir.VectorType(i32, 32), 16))  # fmt: skip
+        values = builder.trunc(bits, ir.VectorType(i16, 32))
+        align = 2
+    else:
+        align = 4
+    ptr = builder.bitcast(out_ptr, values.type.as_pointer())
+    builder.store(values, builder.gep(ptr, [b]), align=align)
+
+
+def _row_decoder(count_arg, decode_block):
+    """codegen: for b < args[count_arg]: decode_block(builder, pointers, b) -> <32 x float>,
+    stored at block b of the last array argument."""
+
+    def codegen(context, builder, signature, args):
+        ptrs = _data(context, builder, signature, args, count_arg)
+        with cgutils.for_range(builder, args[count_arg]) as loop:
+            _put32(builder, decode_block(builder, ptrs, loop.index), ptrs[-1], loop.index)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _load_bytes(builder, ptr, b, n):
+    vec = ir.VectorType(ir.IntType(8), n)
+    return builder.load(builder.gep(builder.bitcast(ptr, vec.as_pointer()), [b]), align=1)
+
+
+_F32X32 = ir.VectorType(ir.FloatType(), 32)
+
+
+def _check_out(out):
+    if not (isinstance(out, types.Array) and out.dtype in (types.uint16, types.float32)):
+        raise TypeError("the decoded row is uint16 (bf16 bits) or float32")
+
+
+@intrinsic
+def decode_int8(typingctx, src, out, blocks):
+    """out[:32 blocks] = the int8 codes src as numbers (bf16 bits or float32)."""
+    _check_out(out)
+
+    def block(builder, ptrs, b):
+        return builder.sitofp(_load_bytes(builder, ptrs[0], b, 32), _F32X32)
+
+    return types.void(src, out, blocks), _row_decoder(2, block)
+
+
+# bf16 bits of the e4m3 subnormals m x 2^-9, by m (0: zero), for vpermw
+_E4M3_SUBNORMAL_BF16 = [0, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60]
+
+
+def _e4m3_bf16(builder, codes):
+    """<32 x i16> bf16 bits of the e4m3 codes <32 x i8>, in 16-bit lanes (32 a vector, against
+    16 for _e4m3_f32's float lanes): a normal's exponent and mantissa moved up and rebiased
+    (+120), a subnormal's bits from an 8-entry table (vpermw); the sign on top."""
+    v32i16 = ir.VectorType(ir.IntType(16), 32)
+
+    def c(v):
+        return _const(v32i16, v)
+
+    b = builder.zext(codes, v32i16)
+    mag = builder.and_(b, c(0x7F))
+    normal = builder.add(builder.shl(mag, c(4)), c(120 << 7))
+    table = ir.Constant(v32i16, _E4M3_SUBNORMAL_BF16 + [0] * 24)
+    small = _call(builder, "llvm.x86.avx512.permvar.hi.512", v32i16, [table, mag])
+    bits = builder.select(builder.icmp_unsigned("<", mag, c(8)), small, normal)
+    return builder.or_(bits, builder.shl(builder.and_(b, c(0x80)), c(8)))
+
+
+@intrinsic
+def decode_e4m3(typingctx, src, out, blocks):
+    """out[:32 blocks] = the e4m3 codes src (uint8) as numbers (bf16 bits or float32). bf16 bits
+    on AVX512-BF16 hosts come straight from the codes in 16-bit lanes (_e4m3_bf16)."""
+    _check_out(out)
+    direct = out.dtype == types.uint16 and AVX512BW
+
+    def codegen(context, builder, signature, args):
+        src_ptr, out_ptr = _data(context, builder, signature, args, 2)
+        with cgutils.for_range(builder, args[2]) as loop:
+            codes = _load_bytes(builder, src_ptr, loop.index, 32)
+            if direct:
+                ptr = builder.bitcast(out_ptr, ir.VectorType(ir.IntType(16), 32).as_pointer())
+                builder.store(_e4m3_bf16(builder, codes), builder.gep(ptr, [loop.index]), align=2)
             else:
-                f32x32, v32i32 = ir.VectorType(ir.FloatType(), 32), ir.VectorType(i32, 32)
-                sixteen = ir.Constant(v32i32, [16] * 32)
+                wide = builder.zext(codes, ir.VectorType(ir.IntType(32), 32))
+                _put32(builder, _e4m3_f32(builder, wide), out_ptr, loop.index)
+        return context.get_dummy_value()
 
-                def f32(v):
-                    return builder.bitcast(builder.shl(builder.zext(v, v32i32), sixteen), f32x32)
+    return types.void(src, out, blocks), codegen
 
-                prod = _fast(builder.fmul(f32(wv), f32(xv)))
-                pairs = _fast(builder.fadd(_lanes(builder, prod, range(0, 32, 2)),
-                                           _lanes(builder, prod, range(1, 32, 2))))  # fmt: skip
-                new = _fast(builder.fadd(builder.load(acc), pairs))
-            builder.store(new, acc)
 
-        chains = ir.Constant(i64, BF16_CHAINS)
-        groups = builder.udiv(args[2], chains)
-        with cgutils.for_range(builder, groups) as loop:
-            first = builder.mul(loop.index, chains)
-            for c, acc in enumerate(accs):
-                add_block(builder.add(first, ir.Constant(i64, c)), acc)
-        with cgutils.for_range(builder, builder.sub(args[2], builder.mul(groups, chains))) as loop:
-            add_block(builder.add(builder.mul(groups, chains), loop.index), accs[0])
-        total = builder.load(accs[0])
-        for acc in accs[1:]:
-            total = _fast(builder.fadd(total, builder.load(acc)))
-        for width in (8, 4, 2, 1):  # the upper half of the lanes added onto the lower
-            hi = _lanes(builder, total, range(width, 2 * width))
-            total = _fast(builder.fadd(_lanes(builder, total, range(width)), hi))
-        return builder.extract_element(total, ir.Constant(i32, 0))
+@intrinsic
+def decode_e2m1(typingctx, src, groups, out, blocks):
+    """out[:32 blocks] = e2m1(code j) * groups[j // 16] (bf16 bits or float32): src uint8 two
+    codes a byte (element 2j low nibble), groups float32 [2 blocks] (exact in bf16 for e4m3
+    group scales: at most 2 + 4 significant bits). Codes by vpshufb as twice their value."""
+    _check_out(out)
 
-    return types.float32(w, x, blocks), codegen
+    def block(builder, ptrs, b):
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        v16i8, v32i8 = ir.VectorType(i8, 16), ir.VectorType(i8, 32)
+        packed = _load_bytes(builder, ptrs[0], b, 16)
+        lo, hi = builder.and_(packed, _const(v16i8, 15)), builder.lshr(packed, _const(v16i8, 4))
+        order = [j // 2 + 16 * (j % 2) for j in range(32)]  # lo 0, hi 0, lo 1, hi 1, ...
+        codes = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), order))
+        table = ir.Constant(v32i8, [v & 0xFF for v in E2M1_X2 * 2])
+        twice = builder.sitofp(_e2m1_x2(builder, codes, table), _F32X32)
+        gptr = builder.bitcast(ptrs[1], ir.VectorType(ir.FloatType(), 2).as_pointer())
+        pair = builder.load(builder.gep(gptr, [b]), align=4)
+        half = _fast(builder.fmul(pair, _const(pair.type, 0.5)))
+        return builder.fmul(twice, _lanes(builder, half, [0] * 16 + [1] * 16))
+
+    return types.void(src, groups, out, blocks), _row_decoder(3, block)
+
+
+# bf16 bits of the e2m1 values, by code
+E2M1_BF16 = (0, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+             0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0)  # fmt: skip
+
+
+def _e2m1_codes(builder, packed):
+    """<32 x i8> codes of 16 packed bytes (element 2j in byte j's low nibble)."""
+    i32, v16i8 = ir.IntType(32), packed.type
+    lo, hi = builder.and_(packed, _const(v16i8, 15)), builder.lshr(packed, _const(v16i8, 4))
+    order = [j // 2 + 16 * (j % 2) for j in range(32)]  # lo 0, hi 0, lo 1, hi 1, ...
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), order))
+
+
+@intrinsic
+def decode_e2m1_bf16(typingctx, src, out, blocks):
+    """out[:32 blocks] = bf16 bits of the e2m1 codes src (two a byte, element 2j low nibble),
+    their group scales not applied (bf16_dot_rows_per_16 applies them): one vpermw per 32 codes
+    (AVX512-BW; generic IR's selects elsewhere)."""
+
+    def codegen(context, builder, signature, args):
+        v32i16 = ir.VectorType(ir.IntType(16), 32)
+        src_ptr, out_ptr = _data(context, builder, signature, args, 2)
+        out_ptr = builder.bitcast(out_ptr, v32i16.as_pointer())
+        table = ir.Constant(v32i16, list(E2M1_BF16) * 2)
+        with cgutils.for_range(builder, args[2]) as loop:
+            codes = builder.zext(_e2m1_codes(builder, _load_bytes(builder, src_ptr, loop.index,
+                                                                   16)), v32i16)  # fmt: skip
+            if AVX512BW:
+                bits = _call(builder, "llvm.x86.avx512.permvar.hi.512", v32i16, [table, codes])
+            else:
+                bits = _const(v32i16, 0)
+                for code, value in enumerate(E2M1_BF16):
+                    hit = builder.icmp_unsigned("==", codes, _const(v32i16, code))
+                    bits = builder.select(hit, _const(v32i16, value), bits)
+            builder.store(bits, builder.gep(out_ptr, [loop.index]), align=2)
+        return context.get_dummy_value()
+
+    return types.void(src, out, blocks), codegen

@@ -12,7 +12,7 @@ split so that every worker streams contiguous rows:
   phase 2: worker w takes rows [d0, d1) of D of w2 (each a contiguous row of I) and writes
            out[:, d0:d1], summed over experts: no partial sums to reduce, no shared writes.
 Per row the weights are decoded into a float32 buffer in L1 (vectorised: bf16 by a shift,
-int8 by a convert, e4m3 by bit arithmetic, e2m1 from a 16-entry table), then dotted with each of
+int8 by a convert, e4m3 by bit arithmetic, e2m1 by vpshufb, 32 at a time), then dotted with each of
 the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
 nvfp4's per-tensor scale) multiply the dot product, not the weights.
 int8 experts with one token in the call (INT_DOT_TOKENS), and nvfp4's on AVX2, skip the decode:
@@ -20,9 +20,14 @@ the token's x (and, after the barrier, its act) is rounded to int8 per block of 
 Q8_0), and each weight row is dotted with it in integer lanes (intrinsics.q8_dot: vpdpbusd, or
 vpmaddubsw + vpmaddwd on AVX2; nvfp4_q8_dot: its codes to integers by vpshufb first), times the
 block scales and the row's scales.
-bf16 experts on AVX512-BF16 hosts skip the decode at any tokens: x (and act) is rounded to bf16
-once per call (llama.cpp's vec_dot_type for bf16 weights), and each weight row is dotted with it
-by vdpbf16ps (intrinsics.bf16_dot), 32 weights an instruction.
+On AVX512-BF16 hosts every other expert takes the bf16 dot (bf16_dotted): x (and act) is rounded
+to bf16 once per call (llama.cpp's vec_dot_type for bf16 weights); a bf16 row is read as it is,
+a quantised one is decoded to bf16 into L1 first (exactly; int8 by a convert, e4m3 and e2m1 in
+16-bit lanes with vpermw tables), and each row is dotted with up to four tokens in one pass by
+vdpbf16ps (intrinsics.bf16_dot_rows), 32 weights an instruction, block and group scales applied
+to the products.
+The per-row functions are inlined into the call's loops: a numba call with this many array
+arguments cost as much as a row's dot from cache.
 Legend: T = tokens of the call, D = hidden, I = expert intermediate, n = tokens of one expert.
 """
 
@@ -30,17 +35,26 @@ from __future__ import annotations
 
 import numpy as np
 from numba import carray, types
+from numba.extending import overload
 
 from ft.engine.cpu.intrinsics import (
     AVX2,
     AVX512BF16,
     BF16_BLOCK,
+    DOT_TOKENS,
     E2M1_X2,
     Q8_BLOCK,
     address,
     atomic_add,
     atomic_load,
-    bf16_dot,
+    bf16_dot_rows,
+    bf16_dot_rows_per_16,
+    bf16_dot_rows_per_128,
+    bits_of_f32,
+    decode_e2m1,
+    decode_e2m1_bf16,
+    decode_e4m3,
+    decode_int8,
     e4m3_value,
     f32_of_bits,
     nvfp4_q8_dot,
@@ -110,20 +124,48 @@ def _decode_fp8(src, scales, buf):
 
 
 @jit(fastmath=True)
-def _decode_nvfp4(src, scales, buf):
-    """src [C / 2] two e2m1 codes a byte (element 2j low nibble); scales e4m3 [C / 16]. Per
-    group of 16: the codes' values from E2M1's 16 entries times the group's scale, in one pass
-    (bit arithmetic, then a pass of scales over the row, took 1.6-2.2x as long)."""
+def _group_scales(scales, groups):
+    """groups[g] = nvfp4's e4m3 group scale g, float32."""
     for g in range(scales.shape[0]):
-        s = e4m3_value(scales[g])
-        for j in range(NVFP4_GROUP // 2):
-            code = src[g * (NVFP4_GROUP // 2) + j]
-            buf[g * NVFP4_GROUP + 2 * j] = E2M1[code & 15] * s
-            buf[g * NVFP4_GROUP + 2 * j + 1] = E2M1[code >> 4] * s
+        groups[g] = e4m3_value(scales[g])
 
 
 @jit(fastmath=True)
-def decode_row(fmt, parts, proj, r, cols, inter, buf):
+def _decode_nvfp4(src, scales, groups, buf, cols):
+    """buf[:cols] (float32, or uint16 bf16 bits: exact) = the e2m1 codes src [cols / 2] (element
+    2j low nibble) times their e4m3 group scales [cols / 16]: whole blocks of 32 by decode_e2m1
+    (vpshufb; a table lookup per element ran 10x slower at 4 tokens), a last group here."""
+    _group_scales(scales, groups)
+    full = cols // Q8_BLOCK
+    decode_e2m1(src, groups, buf, full)
+    for j in range(full * Q8_BLOCK, cols):
+        code = src[j // 2] >> (4 * (j % 2)) & 15
+        _put(buf, j, E2M1[code] * groups[j // NVFP4_GROUP])
+
+
+def _put(buf, j, value):
+    """buf[j] = value: float32, or bf16 bits where buf is uint16 (value exact in bf16)."""
+
+
+@overload(_put)
+def _put_typed(buf, j, value):
+    if buf.dtype == types.uint16:
+        return lambda buf, j, value: _put_bits(buf, j, value)
+    return lambda buf, j, value: _put_float(buf, j, value)
+
+
+@jit()
+def _put_bits(buf, j, value):
+    buf[j] = np.uint16(bits_of_f32(np.float32(value)) >> np.uint32(16))
+
+
+@jit()
+def _put_float(buf, j, value):
+    buf[j] = value
+
+
+@jit(fastmath=True, inline="always")  # as bf16_dots
+def decode_row(fmt, parts, proj, r, cols, inter, buf, groups):
     """buf[:cols] = row r of projection `proj` (W13: [2I, D]; W2: [D, I]) of one expert, in
     float32 up to a factor constant along the row, which it returns."""
     base = parts[proj]
@@ -137,19 +179,19 @@ def decode_row(fmt, parts, proj, r, cols, inter, buf):
         _decode_int8(carray(address(base + r * cols), (cols,), np.int8), buf)
         return carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
     if fmt == FP8:
-        blocks = (cols + FP8_BLOCK - 1) // FP8_BLOCK
-        if proj == W13:  # gate and up are blocked apart
-            iblocks = (inter + FP8_BLOCK - 1) // FP8_BLOCK
-            srow = (r // inter) * iblocks + (r % inter) // FP8_BLOCK
-        else:
-            srow = r // FP8_BLOCK
-        scales = carray(address(parts[proj + 2] + 4 * srow * blocks), (blocks,), np.float32)
+        scales = _fp8_scales(parts, proj, r, cols, inter)
         _decode_fp8(carray(address(base + r * cols), (cols,), np.uint8), scales, buf)
         return np.float32(1.0)
-    # NVFP4
-    groups = cols // NVFP4_GROUP
-    scales = carray(address(parts[proj + 2] + r * groups), (groups,), np.uint8)
-    _decode_nvfp4(carray(address(base + r * (cols // 2)), (cols // 2,), np.uint8), scales, buf)
+    return _decode_nvfp4_row(parts, proj, r, cols, inter, buf, groups)
+
+
+@jit(fastmath=True)
+def _decode_nvfp4_row(parts, proj, r, cols, inter, buf, groups):
+    """buf[:cols] = row r of nvfp4 projection `proj` but for its tensor scale, returned."""
+    ngroups = cols // NVFP4_GROUP
+    scales = carray(address(parts[proj + 2] + r * ngroups), (ngroups,), np.uint8)
+    codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
+    _decode_nvfp4(codes, scales, groups, buf, cols)
     which = r // inter if proj == W13 else 0  # w13_scale_2: gate's, then up's
     return carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
 
@@ -234,7 +276,7 @@ def _dot_nvfp4_q8(codes, groups, q, s, cols):
     return acc * np.float32(0.5)
 
 
-@jit(fastmath=True)
+@jit(fastmath=True, inline="always")  # as bf16_dots
 def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
     """dots[t - t0] = (row r of projection `proj`) . v[sel[t]] for t in [t0, t1), v quantised
     by _quantize_q8 (vq, vs): the row's codes dotted as integers, times its scales (int8: the
@@ -249,8 +291,7 @@ def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
     codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
     scales = carray(address(parts[proj + 2] + r * ngroups), (ngroups,), np.uint8)
     groups = buf[:ngroups]
-    for g in range(ngroups):
-        groups[g] = e4m3_value(scales[g])
+    _group_scales(scales, groups)
     which = r // inter if proj == W13 else 0  # w13_scale_2: gate's, then up's
     scale = carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
     for t in range(t0, t1):
@@ -262,11 +303,16 @@ def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
 
 @jit()
 def bf16_dotted(fmt):
-    """Whether experts of `fmt` take the bf16 dot: bf16 weights on AVX512-BF16, at any tokens
-    (one vdpbf16ps per 32 weights and token outran the float path's decode and two FMAs at
-    every count measured, 1 to 64 tokens an expert: 2-vCPU Xeon, T=1 k=8 8.0 -> 12.4 GB/s
-    one thread, T=64 k=8 1.0 -> 1.7 two)."""
-    return fmt == BF16 and AVX512BF16
+    """Whether experts of `fmt` take the bf16 dot: on AVX512-BF16 hosts every format but
+    float32, at any tokens (int8 experts of INT_DOT_TOKENS tokens, and nvfp4's, keep the integer
+    dot: integer_dot is asked first). bf16 rows are read as they are; int8, e4m3 and e2m1 rows
+    are first decoded to bf16 (exactly: their values have at most 6 significant bits), their
+    scales applied to the dot. One vdpbf16ps per 32 weights and token outran the float path's
+    decode and FMAs at every count measured: bf16, 1 to 64 tokens an expert; the quantised
+    formats at T=4, k=8 (2-core Zen 4, two threads, two alternations): int8 5.3-5.8 -> 10.3-10.6
+    GB/s, fp8_block 5.3-5.6 -> 11.0-11.7, nvfp4 1.1 -> 6.6-6.8; fp8_block at T=1 7.6-9.9 ->
+    18.3-19.2."""
+    return AVX512BF16 and fmt != F32
 
 
 @jit(fastmath=True)
@@ -279,17 +325,105 @@ def _to_bf16(v, out):
 
 
 @jit(fastmath=True)
-def bf16_dots(parts, proj, r, cols, vb, sel, t0, t1, dots):
-    """dots[t - t0] = (row r of bf16 projection `proj`) . vb[sel[t]] for t in [t0, t1), vb
-    activations rounded by _to_bf16: whole blocks of 32 by bf16_dot, the rest here."""
-    w = carray(address(parts[proj] + 2 * r * cols), (cols,), np.uint16)
+def _decode_bf16_row(fmt, parts, proj, r, cols, inter, wb, groups):
+    """wb[:cols] = row r of quantised projection `proj` as bf16 bits, exactly, up to a factor
+    constant along the row, which it returns. fp8_block's block scales and nvfp4's group scales
+    (into groups) are not applied: their dots apply them."""
     full = cols // BF16_BLOCK
-    for t in range(t0, t1):
-        v = vb[sel[t]]
-        acc = bf16_dot(w, v, full)
+    if fmt == INT8:
+        codes = carray(address(parts[proj] + r * cols), (cols,), np.int8)
+        decode_int8(codes, wb, full)
         for j in range(full * BF16_BLOCK, cols):
-            acc += f32_of_bits(np.uint32(w[j]) << 16) * f32_of_bits(np.uint32(v[j]) << 16)
-        dots[t - t0] = acc
+            _put(wb, j, np.float32(codes[j]))
+        return carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
+    if fmt == FP8:
+        codes = carray(address(parts[proj] + r * cols), (cols,), np.uint8)
+        decode_e4m3(codes, wb, full)
+        for j in range(full * BF16_BLOCK, cols):
+            _put(wb, j, e4m3_value(codes[j]))
+        return np.float32(1.0)
+    # NVFP4: the codes' values alone (bf16_dot_rows_per_16 applies the group scales)
+    ngroups = cols // NVFP4_GROUP
+    _group_scales(carray(address(parts[proj + 2] + r * ngroups), (ngroups,), np.uint8), groups)
+    codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
+    decode_e2m1_bf16(codes, wb, full)
+    for j in range(full * BF16_BLOCK, cols):
+        _put(wb, j, E2M1[codes[j // 2] >> (4 * (j % 2)) & 15])
+    which = r // inter if proj == W13 else 0  # w13_scale_2: gate's, then up's
+    return carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
+
+
+@jit()
+def _fp8_scales(parts, proj, r, cols, inter):
+    """The block scales of row r of fp8_block projection `proj`: one per 128 columns."""
+    blocks = (cols + FP8_BLOCK - 1) // FP8_BLOCK
+    if proj == W13:  # gate and up are blocked apart
+        iblocks = (inter + FP8_BLOCK - 1) // FP8_BLOCK
+        srow = (r // inter) * iblocks + (r % inter) // FP8_BLOCK
+    else:
+        srow = r // FP8_BLOCK
+    return carray(address(parts[proj + 2] + 4 * srow * blocks), (blocks,), np.float32)
+
+
+@jit(fastmath=True)
+def _bf16_tail(w, v, j0, cols):
+    acc = np.float32(0.0)
+    for j in range(j0, cols):
+        acc += f32_of_bits(np.uint32(w[j]) << 16) * f32_of_bits(np.uint32(v[j]) << 16)
+    return acc
+
+
+# inline: a call of a numba function with this many array arguments costs ~40-70 ns a row, as
+# much as a row's dot from cache (int8, one token: 114 -> 42 ns a row of 2048)
+@jit(fastmath=True, inline="always")
+def bf16_dots(fmt, parts, proj, r, cols, inter, wb, groups, vb, sel, t0, t1, dots):
+    """dots[t - t0] = (row r of projection `proj`) . vb[sel[t]] for t in [t0, t1), vb
+    activations rounded by _to_bf16: a bf16 row as it is, another decoded into wb first; whole
+    blocks of 32 by bf16_dot_rows (up to DOT_TOKENS tokens a pass over the row; fp8_block's
+    scaled per 128 columns, nvfp4's per 16), the rest by _bf16_tails. No allocated array is
+    bound to a new name here: each binding costs two atomic reference counts (numba's)."""
+    full = cols // BF16_BLOCK
+    if fmt == BF16:
+        w = carray(address(parts[proj] + 2 * r * cols), (cols,), np.uint16)  # no refcount
+        for t in range(t0, t1, DOT_TOKENS):
+            bf16_dot_rows(w, vb, sel, t, min(DOT_TOKENS, t1 - t), full, groups, dots, t - t0)
+        if full * BF16_BLOCK < cols:
+            _bf16_tails(fmt, w, groups, vb, sel, t0, t1, cols, dots)
+        return
+    scale = _decode_bf16_row(fmt, parts, proj, r, cols, inter, wb, groups)
+    if fmt == FP8:
+        scales = _fp8_scales(parts, proj, r, cols, inter)  # no refcount
+        for t in range(t0, t1, DOT_TOKENS):
+            n = min(DOT_TOKENS, t1 - t)
+            bf16_dot_rows_per_128(wb, vb, sel, t, n, full, scales, dots, t - t0)
+        if full * BF16_BLOCK < cols:
+            _bf16_tails(fmt, wb, scales, vb, sel, t0, t1, cols, dots)
+        return
+    for t in range(t0, t1, DOT_TOKENS):
+        n = min(DOT_TOKENS, t1 - t)
+        if fmt == NVFP4:
+            bf16_dot_rows_per_16(wb, vb, sel, t, n, full, groups, dots, t - t0)
+        else:
+            bf16_dot_rows(wb, vb, sel, t, n, full, groups, dots, t - t0)
+    if full * BF16_BLOCK < cols:
+        _bf16_tails(fmt, wb, groups, vb, sel, t0, t1, cols, dots)
+    for t in range(t0, t1):
+        dots[t - t0] *= scale
+
+
+@jit(fastmath=True)
+def _bf16_tails(fmt, w, scales, vb, sel, t0, t1, cols, dots):
+    """dots[t - t0] plus the columns past the last whole block of 32 (they lie in one scale's
+    block: fp8_block's 128, nvfp4's 16). Its own function, called only where there are such
+    columns: a call with this many arrays costs ~20 ns a row where none are."""
+    j0 = cols // BF16_BLOCK * BF16_BLOCK
+    for t in range(t0, t1):
+        tail = _bf16_tail(w, vb[sel[t]], j0, cols)
+        if fmt == FP8:
+            tail *= scales[j0 // FP8_BLOCK]
+        elif fmt == NVFP4:
+            tail *= scales[j0 // NVFP4_GROUP]
+        dots[t - t0] += tail
 
 
 @jit(fastmath=True)
@@ -320,6 +454,8 @@ def run_call(plan, worker, ctrl, gen):
     act = carray(address(plan[ACT]), (max(pairs, 1), inter), np.float32)
     out = carray(address(plan[OUT]), (tokens, hidden), np.float32)
     buf = np.empty(max(hidden, inter), np.float32)
+    wb = np.empty(max(hidden, inter), np.uint16)  # a quantised row decoded to bf16 bits
+    groups = np.empty(max(hidden, inter) // NVFP4_GROUP + 1, np.float32)  # nvfp4's group scales
     parts = np.empty(PARTS, np.int64)
     dots = np.empty(max(pairs, 1), np.float32)  # one row's dots with each of an expert's tokens
     same = np.arange(max(pairs, 1))  # phase 2's vector of pair t is act row t
@@ -358,18 +494,19 @@ def run_call(plan, worker, ctrl, gen):
             continue
         if bf16_dotted(fmt):
             for i in range(i0, i1):
-                bf16_dots(parts, W13, i, hidden, xb, rows, t0, t1, dots)
+                bf16_dots(fmt, parts, W13, i, hidden, inter, wb, groups, xb, rows, t0, t1, dots)
                 for t in range(t0, t1):
                     act[t, i] = dots[t - t0]  # gate
-                bf16_dots(parts, W13, inter + i, hidden, xb, rows, t0, t1, dots)
+                bf16_dots(fmt, parts, W13, inter + i, hidden, inter, wb, groups, xb, rows, t0,
+                          t1, dots)  # fmt: skip
                 for t in range(t0, t1):
                     act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
             continue
         for i in range(i0, i1):
-            gate_scale = decode_row(fmt, parts, W13, i, hidden, inter, buf)
+            gate_scale = decode_row(fmt, parts, W13, i, hidden, inter, buf, groups)
             for t in range(t0, t1):
                 act[t, i] = _dot(buf, x[rows[t]], hidden) * gate_scale
-            up_scale = decode_row(fmt, parts, W13, inter + i, hidden, inter, buf)
+            up_scale = decode_row(fmt, parts, W13, inter + i, hidden, inter, buf, groups)
             for t in range(t0, t1):
                 up = _dot(buf, x[rows[t]], hidden) * up_scale
                 act[t, i] = _silu(act[t, i]) * up * weights[t]
@@ -398,12 +535,12 @@ def run_call(plan, worker, ctrl, gen):
             continue
         if bf16_dotted(fmt):
             for d in range(d0, d1):
-                bf16_dots(parts, W2, d, inter, ab, same, t0, t1, dots)
+                bf16_dots(fmt, parts, W2, d, inter, inter, wb, groups, ab, same, t0, t1, dots)
                 for t in range(t0, t1):
                     out[rows[t], d] += dots[t - t0]
             continue
         for d in range(d0, d1):
-            scale = decode_row(fmt, parts, W2, d, inter, inter, buf)
+            scale = decode_row(fmt, parts, W2, d, inter, inter, buf, groups)
             for t in range(t0, t1):
                 out[rows[t], d] += _dot(buf, act[t], inter) * scale
 
