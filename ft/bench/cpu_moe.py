@@ -12,7 +12,9 @@ the same store, shapes and inputs, its calls interleaved with the pool's (pool, 
 one cursor through the store), each checked first like the pool. Before each timed call the
 process's threads are let go idle (`settle`, untimed): kt's workers spin ~50 ms after a call,
 on the cores the pool's next call needs, so back to back each side's figure would carry the
-other's spin.
+other's spin. With `interleave` off, each cell runs the pool's calls back to back, then (once
+the process is idle) the peer's: each side in its own steady state, as a decode loop calls it,
+the other's workers asleep (at 15 threads kt's workers woke ~12 ms late from a settle).
 
 A peer is an object with start(threads), layer(fmt, bank, count, max_tokens, max_k) -> a layer
 or a "no path: ..." note, describe() -> dict and close(). A layer has name, method, expert_bytes
@@ -59,6 +61,7 @@ class CpuMoeBenchConfig:
     computes: tuple[str, ...] = ("auto",)  # pool compute modes, e.g. auto,native
     peer: str | None = None  # a peer's kernel measured beside the pool's, interleaved
     settle: bool = True  # with a peer: each timed call starts once the process is idle
+    interleave: bool = True  # with a peer: pool, peer, pool, ...; else each side's in a block
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.formats if f not in FORMATS]
@@ -125,7 +128,8 @@ def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print,
             peer.close()
     result = dict(threads=threads, stream_read_gbs=read, hidden=HIDDEN, inter=INTER, rows=rows)
     if peer is not None:
-        result["peer"] = dict(peer.describe(), layers=layers, settle=cfg.settle)
+        result["peer"] = dict(peer.describe(), layers=layers, settle=cfg.settle,
+                              interleave=cfg.interleave)  # fmt: skip
     return result
 
 
@@ -203,18 +207,18 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
         errs = {key: _verify(side.name, side, fmt, x) for key, side in sides.items()}
         for k in cfg.experts_per_call:
             times, submits = {key: [] for key in sides}, []
-            for call in range(WARMUP_CALLS + cfg.calls):
-                for key, side in sides.items():  # interleaved: the pool's call, the peer's, ...
-                    run = side.call(x, [(cursor + j) % count for j in range(k)], ROUTER_WEIGHT)
-                    cursor += k
-                    if len(sides) > 1 and cfg.settle:
-                        settle()
-                    start = time.perf_counter()
-                    run()
-                    if call >= WARMUP_CALLS:
-                        times[key].append(time.perf_counter() - start)
-                        if key == "":
-                            submits.append(side.submit_s)
+            for call, key in _call_order(list(sides), WARMUP_CALLS + cfg.calls, cfg.interleave):
+                side = sides[key]
+                run = side.call(x, [(cursor + j) % count for j in range(k)], ROUTER_WEIGHT)
+                cursor += k
+                if len(sides) > 1 and (cfg.settle if cfg.interleave else call == 0):
+                    settle()
+                start = time.perf_counter()
+                run()
+                if call >= WARMUP_CALLS:
+                    times[key].append(time.perf_counter() - start)
+                    if key == "":
+                        submits.append(side.submit_s)
             row = dict(fmt=fmt.name, compute=compute, tokens=tokens, experts=k,
                        submit_us=round(statistics.median(submits) * 1e6, 1))  # fmt: skip
             for key, side in sides.items():
@@ -223,6 +227,14 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
                 row.update(_peer_cells(row, other))
             rows.append(row)
     return rows
+
+
+def _call_order(keys: list[str], calls: int, interleave: bool) -> list[tuple[int, str]]:
+    """(call number, side) in the order they run: interleaved, the pool's call, the peer's, ...;
+    else each side's calls back to back, one side after the other."""
+    if interleave:
+        return [(call, key) for call in range(calls) for key in keys]
+    return [(call, key) for key in keys for call in range(calls)]
 
 
 def settle() -> None:

@@ -61,6 +61,13 @@ def bench_cpu_moe(
             "(kt's workers spin ~50 ms after a call, on the cores the next call needs)."
         ),
     ] = True,
+    interleave: Annotated[
+        bool,
+        typer.Option(
+            help="With --peer: alternate the two sides' calls; --no-interleave: each cell's "
+            "pool calls back to back, then the peer's (each side's steady state)."
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The CPU MoE pool's GB/s of expert bytes per format, experts per call and tokens, as a
@@ -70,7 +77,7 @@ def bench_cpu_moe(
     cfg = CpuMoeBenchConfig(
         formats=_names(formats), experts_per_call=int_list(experts_per_call, "--experts-per-call"),
         tokens=int_list(tokens, "--tokens"), calls=calls, store_gib=store_gib, threads=threads,
-        computes=_names(compute), peer=peer, settle=settle,
+        computes=_names(compute), peer=peer, settle=settle, interleave=interleave,
     )  # fmt: skip
     err = Console(stderr=True)
     result = run_cpu_moe(cfg, lambda stage: err.print(f"[dim]{stage}[/dim]"))

@@ -134,6 +134,30 @@ def test_peer_calls_interleave_with_the_pool_through_one_store(pool_log):
     assert {side for side, _ in calls[at + 2 :]} == {"pool"}  # int8: the pool alone
 
 
+@pytest.mark.timeout(120)
+def test_without_interleave_each_side_runs_its_calls_in_a_block(pool_log, monkeypatch):
+    """--no-interleave: per cell the pool's calls back to back, then the peer's, one cursor
+    through the store; the process let go idle only before each side's block."""
+    settles = []
+    monkeypatch.setattr(cpu_moe, "settle", lambda: settles.append(len(pool_log)))
+    cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16",), interleave=False, **TINY)
+    result = cpu_moe.run_cpu_moe(cfg, lambda _: None, peer=TorchPeer(pool_log))
+    assert result["peer"]["interleave"] is False
+    assert all(r["gbs"] > 0 and r["peer_gbs"] > 0 for r in result["rows"])
+    count, calls = result["peer"]["layers"]["bf16"]["experts"], pool_log
+    block = cpu_moe.WARMUP_CALLS + TINY["calls"]
+    cursor, at, starts = 0, 0, []
+    for _tokens in TINY["tokens"]:
+        at += 2  # the checks
+        for k in TINY["experts_per_call"]:
+            for side in ("pool", "peer"):
+                starts.append(at)
+                for _ in range(block):
+                    assert calls[at] == (side, [(cursor + j) % count for j in range(k)])
+                    cursor, at = cursor + k, at + 1
+    assert settles == starts
+
+
 def test_a_peer_off_the_reference_fails_the_cell_and_is_never_timed(pool_log):
     cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16",), **TINY)
     peer = TorchPeer(pool_log, off=0.05)
