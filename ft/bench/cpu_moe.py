@@ -211,7 +211,8 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
                 side = sides[key]
                 run = side.call(x, [(cursor + j) % count for j in range(k)], ROUTER_WEIGHT)
                 cursor += k
-                if len(sides) > 1 and (cfg.settle if cfg.interleave else call == 0):
+                # a format the peer lacks settles too: its threads spin after its last call
+                if other is not None and (cfg.settle if cfg.interleave else call == 0):
                     settle()
                 start = time.perf_counter()
                 run()

@@ -158,6 +158,21 @@ def test_without_interleave_each_side_runs_its_calls_in_a_block(pool_log, monkey
     assert settles == starts
 
 
+def test_a_format_the_peer_lacks_still_starts_each_cell_idle(pool_log, monkeypatch):
+    """The pool's cells of a format with no peer path follow the peer's calls of the format
+    before: its workers may still spin (kt's for ~50 ms), so those cells settle too."""
+    settles = []
+    monkeypatch.setattr(cpu_moe, "settle", lambda: settles.append(len(pool_log)))
+    cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16", "int8"), interleave=False, **TINY)
+    cpu_moe.run_cpu_moe(cfg, lambda _: None, peer=TorchPeer(pool_log, no_path=("int8",)))
+    cells = len(TINY["tokens"]) * len(TINY["experts_per_call"])
+    assert len(settles) == 2 * cells + cells  # bf16: before each side's block; int8: the pool's
+    first_int8 = settles[2 * cells]
+    assert pool_log[first_int8 - 1][0] == "pool" and all(
+        side == "pool" for side, _ in pool_log[first_int8:]
+    )  # fmt: skip
+
+
 def test_a_peer_off_the_reference_fails_the_cell_and_is_never_timed(pool_log):
     cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16",), **TINY)
     peer = TorchPeer(pool_log, off=0.05)
