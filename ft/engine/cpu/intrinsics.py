@@ -97,11 +97,9 @@ def _const(ty, v):
 def _e4m3_f32(builder, b):
     """float32 (or <n x float>) of e4m3 bytes b, zero-extended to i32 (or <n x i32>) lanes."""
     i32 = b.type
-    f32 = (
-        ir.VectorType(ir.FloatType(), i32.count)
-        if isinstance(i32, ir.VectorType)
-        else (ir.FloatType())
-    )
+    f32 = ir.FloatType()
+    if isinstance(i32, ir.VectorType):
+        f32 = ir.VectorType(f32, i32.count)
 
     def c(v):
         return _const(i32, v)
@@ -301,6 +299,14 @@ def _e2m1_x2(builder, codes, table):
     return builder.select(negative, builder.sub(c(0), mag), mag)
 
 
+def _e2m1_codes(builder, packed):
+    """<32 x i8> codes of 16 packed bytes (element 2j in byte j's low nibble)."""
+    i32, v16i8 = ir.IntType(32), packed.type
+    lo, hi = builder.and_(packed, _const(v16i8, 15)), builder.lshr(packed, _const(v16i8, 4))
+    order = [j // 2 + 16 * (j % 2) for j in range(32)]  # lo 0, hi 0, lo 1, hi 1, ...
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), order))
+
+
 @intrinsic
 def nvfp4_q8_dot(typingctx, w, x, xs, gs, blocks):
     """sum over blocks b < blocks, groups g = 2b, 2b + 1 of 16 elements: gs[g] * xs[b] * (the
@@ -318,11 +324,7 @@ def nvfp4_q8_dot(typingctx, w, x, xs, gs, blocks):
         table = ir.Constant(v32i8, [v & 0xFF for v in E2M1_X2 * 2])  # both 128-bit lanes
 
         def block(b):
-            packed = builder.load(builder.gep(w_ptr, [b]), align=1)
-            lo = builder.and_(packed, ir.Constant(v16i8, [15] * 16))
-            hi = builder.lshr(packed, ir.Constant(v16i8, [4] * 16))
-            order = [j // 2 + 16 * (j % 2) for j in range(32)]  # lo 0, hi 0, lo 1, hi 1, ...
-            codes = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), order))
+            codes = _e2m1_codes(builder, builder.load(builder.gep(w_ptr, [b]), align=1))
             wv = _e2m1_x2(builder, codes, table)
             xv = builder.load(builder.gep(x_ptr, [b]), align=1)
             groups = builder.load(builder.gep(gs_ptr, [b]), align=4)  # <2 x float>
@@ -602,12 +604,8 @@ def decode_e2m1(typingctx, src, groups, out, blocks):
     _check_out(out)
 
     def block(builder, ptrs, b):
-        i8, i32 = ir.IntType(8), ir.IntType(32)
-        v16i8, v32i8 = ir.VectorType(i8, 16), ir.VectorType(i8, 32)
-        packed = _load_bytes(builder, ptrs[0], b, 16)
-        lo, hi = builder.and_(packed, _const(v16i8, 15)), builder.lshr(packed, _const(v16i8, 4))
-        order = [j // 2 + 16 * (j % 2) for j in range(32)]  # lo 0, hi 0, lo 1, hi 1, ...
-        codes = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), order))
+        v32i8 = ir.VectorType(ir.IntType(8), 32)
+        codes = _e2m1_codes(builder, _load_bytes(builder, ptrs[0], b, 16))
         table = ir.Constant(v32i8, [v & 0xFF for v in E2M1_X2 * 2])
         twice = builder.sitofp(_e2m1_x2(builder, codes, table), _F32X32)
         gptr = builder.bitcast(ptrs[1], ir.VectorType(ir.FloatType(), 2).as_pointer())
@@ -623,19 +621,13 @@ E2M1_BF16 = (0, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
              0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0)  # fmt: skip
 
 
-def _e2m1_codes(builder, packed):
-    """<32 x i8> codes of 16 packed bytes (element 2j in byte j's low nibble)."""
-    i32, v16i8 = ir.IntType(32), packed.type
-    lo, hi = builder.and_(packed, _const(v16i8, 15)), builder.lshr(packed, _const(v16i8, 4))
-    order = [j // 2 + 16 * (j % 2) for j in range(32)]  # lo 0, hi 0, lo 1, hi 1, ...
-    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), order))
-
-
 @intrinsic
 def decode_e2m1_bf16(typingctx, src, out, blocks):
     """out[:32 blocks] = bf16 bits of the e2m1 codes src (two a byte, element 2j low nibble),
     their group scales not applied (bf16_dot_rows_per_16 applies them): one vpermw per 32 codes
     (AVX512-BW; generic IR's selects elsewhere)."""
+    if not (isinstance(out, types.Array) and out.dtype == types.uint16):
+        raise TypeError("decode_e2m1_bf16 writes bf16 bits: out is uint16")
 
     def codegen(context, builder, signature, args):
         v32i16 = ir.VectorType(ir.IntType(16), 32)

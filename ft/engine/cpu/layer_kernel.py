@@ -177,7 +177,7 @@ def decode_row(fmt, parts, proj, r, cols, inter, buf, groups):
         return np.float32(1.0)
     if fmt == INT8:
         _decode_int8(carray(address(base + r * cols), (cols,), np.int8), buf)
-        return carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
+        return _row_scale(parts, proj, r)
     if fmt == FP8:
         scales = _fp8_scales(parts, proj, r, cols, inter)
         _decode_fp8(carray(address(base + r * cols), (cols,), np.uint8), scales, buf)
@@ -188,11 +188,30 @@ def decode_row(fmt, parts, proj, r, cols, inter, buf, groups):
 @jit(fastmath=True)
 def _decode_nvfp4_row(parts, proj, r, cols, inter, buf, groups):
     """buf[:cols] = row r of nvfp4 projection `proj` but for its tensor scale, returned."""
-    ngroups = cols // NVFP4_GROUP
-    scales = carray(address(parts[proj + 2] + r * ngroups), (ngroups,), np.uint8)
-    codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
+    codes, scales = _nvfp4_row(parts, proj, r, cols)
     _decode_nvfp4(codes, scales, groups, buf, cols)
-    which = r // inter if proj == W13 else 0  # w13_scale_2: gate's, then up's
+    return _nvfp4_tensor_scale(parts, proj, r, inter)
+
+
+@jit(inline="always")
+def _row_scale(parts, proj, r):
+    """The scale of row r of int8 projection `proj`."""
+    return carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
+
+
+@jit(inline="always")
+def _nvfp4_row(parts, proj, r, cols):
+    """Row r of nvfp4 projection `proj`: (codes [cols / 2], two a byte; e4m3 group scales
+    [cols / 16])."""
+    ngroups = cols // NVFP4_GROUP
+    codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
+    return codes, carray(address(parts[proj + 2] + r * ngroups), (ngroups,), np.uint8)
+
+
+@jit(inline="always")
+def _nvfp4_tensor_scale(parts, proj, r, inter):
+    """The tensor scale of row r of nvfp4 projection `proj` (w13_scale_2: gate's, then up's)."""
+    which = r // inter if proj == W13 else 0
     return carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
 
 
@@ -283,17 +302,14 @@ def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
     row's; nvfp4: its groups', decoded once into buf, and the tensor's)."""
     if fmt == INT8:
         w = carray(address(parts[proj] + r * cols), (cols,), np.int8)
-        scale = carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
+        scale = _row_scale(parts, proj, r)
         for t in range(t0, t1):
             dots[t - t0] = _dot_q8(w, vq[sel[t]], vs[sel[t]], cols) * scale
         return
-    ngroups = cols // NVFP4_GROUP
-    codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
-    scales = carray(address(parts[proj + 2] + r * ngroups), (ngroups,), np.uint8)
-    groups = buf[:ngroups]
+    codes, scales = _nvfp4_row(parts, proj, r, cols)
+    groups = buf[: scales.shape[0]]
     _group_scales(scales, groups)
-    which = r // inter if proj == W13 else 0  # w13_scale_2: gate's, then up's
-    scale = carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
+    scale = _nvfp4_tensor_scale(parts, proj, r, inter)
     for t in range(t0, t1):
         dots[t - t0] = _dot_nvfp4_q8(codes, groups, vq[sel[t]], vs[sel[t]], cols) * scale
 
@@ -335,7 +351,7 @@ def _decode_bf16_row(fmt, parts, proj, r, cols, inter, wb, groups):
         decode_int8(codes, wb, full)
         for j in range(full * BF16_BLOCK, cols):
             _put(wb, j, np.float32(codes[j]))
-        return carray(address(parts[proj + 2] + 4 * r), (1,), np.float32)[0]
+        return _row_scale(parts, proj, r)
     if fmt == FP8:
         codes = carray(address(parts[proj] + r * cols), (cols,), np.uint8)
         decode_e4m3(codes, wb, full)
@@ -343,14 +359,12 @@ def _decode_bf16_row(fmt, parts, proj, r, cols, inter, wb, groups):
             _put(wb, j, e4m3_value(codes[j]))
         return np.float32(1.0)
     # NVFP4: the codes' values alone (bf16_dot_rows_per_16 applies the group scales)
-    ngroups = cols // NVFP4_GROUP
-    _group_scales(carray(address(parts[proj + 2] + r * ngroups), (ngroups,), np.uint8), groups)
-    codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
+    codes, scales = _nvfp4_row(parts, proj, r, cols)
+    _group_scales(scales, groups)
     decode_e2m1_bf16(codes, wb, full)
     for j in range(full * BF16_BLOCK, cols):
         _put(wb, j, E2M1[codes[j // 2] >> (4 * (j % 2)) & 15])
-    which = r // inter if proj == W13 else 0  # w13_scale_2: gate's, then up's
-    return carray(address(parts[proj + 4] + 4 * which), (1,), np.float32)[0]
+    return _nvfp4_tensor_scale(parts, proj, r, inter)
 
 
 @jit()
