@@ -272,6 +272,24 @@ def test_a_routed_submit_is_the_submit_of_its_jobs(fmt, tokens):
         assert torch.equal(one, pool.submit(x, only).wait())
 
 
+def test_a_routed_submit_reads_x_and_the_routing_as_they_come():
+    """The call's plan copies x as float32 from bf16 (hybrid's x, as the device holds it) or
+    float32, strided or not, and reads routing of any int and float dtype: each the same call."""
+    bank = {k: t.bfloat16() for k, t in FORMATS["bf16"].quantize(*float_experts(seed=7)).items()}
+    x, ids, weights = routed(3, seed=8)
+    xb, weights = x.bfloat16(), weights.bfloat16().float()  # each dtype below holds them
+    with CpuMoeExecutor(threads=2) as pool:
+        want = pool.submit_routed(xb.float(), bank, "bf16", ids, weights, [0, 1, 2, 3]).wait()
+        for x_in, ids_in, weights_in in [
+            (xb, ids, weights),
+            (xb.t().contiguous().t(), ids.int(), weights.bfloat16()),
+            (xb.float().t().contiguous().t(), ids.t().contiguous().t(), weights.double()),
+        ]:  # fmt: skip
+            assert not x_in.is_contiguous() or x_in.dtype == torch.bfloat16
+            got = pool.submit_routed(x_in, bank, "bf16", ids_in, weights_in, [0, 1, 2, 3]).wait()
+            assert torch.equal(got, want)
+
+
 def test_a_routed_submit_refuses_what_the_kernel_cannot_read():
     """The kernel reads raw addresses: the bank, the experts and the routing are checked in the
     caller, and a bank changed after a good call is checked again."""
@@ -283,6 +301,8 @@ def test_a_routed_submit_refuses_what_the_kernel_cannot_read():
             pool.submit_routed(x, bank, "int8", ids, weights, [6])
         with pytest.raises(ValueError, match="does not match x"):
             pool.submit_routed(x[:1], bank, "int8", ids, weights, [0])
+        with pytest.raises(ValueError, match="an expert is given twice"):
+            pool.submit_routed(x, bank, "int8", ids, weights, [0, 1, 0])
         unrouted = next(e for e in range(E) if e not in ids.flatten().tolist())
         with pytest.raises(ValueError, match="no token is routed"):
             pool.submit_routed(x, bank, "int8", ids, weights, [unrouted])

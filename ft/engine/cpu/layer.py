@@ -10,6 +10,7 @@ here, because the kernel reads raw addresses and checks no bounds.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,28 @@ _KERNEL_FORMATS = {
         ("w13", "w2", "w13_scale", "w2_scale", "w13_scale_2", "w2_scale_2"),
     ),
 }
+
+
+# layer_kernel.route's refusals
+_REFUSED = {
+    K.OUTSIDE_BANK: "experts must lie in [0, {experts})",
+    K.REPEATED: "an expert is given twice",
+    K.NOT_ROUTED: "no token is routed to the given experts",
+}
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t as a contiguous tensor of `dtype`: t itself where it is one (no torch op: a call's
+    submit runs right after the last call streamed the caches, where each op costs ~10x)."""
+    return t if t.dtype == dtype and t.is_contiguous() else t.to(dtype).contiguous()
+
+
+def _x_words(x: torch.Tensor) -> np.ndarray:
+    """x [T, D] as layer_kernel.route reads it (and copies it as float32): float32, or bf16 as
+    its bits, hybrid's x as it comes from the device."""
+    if x.dtype == torch.bfloat16:
+        return (x if x.is_contiguous() else x.contiguous()).view(torch.int16).numpy()
+    return _as(x, torch.float32).numpy()
 
 
 def kernel_format(fmt: str, weight_dtype: torch.dtype) -> tuple[int, tuple[str, ...]] | None:
@@ -104,7 +127,7 @@ class LayerCalls:
         self._gen = 0
         self._last: LayerHandle | None = None
         self._lock = threading.Lock()  # submits from two threads publish one after the other
-        self._layouts: dict[tuple, BankLayout] = {}  # bank_layout's, by what it checked
+        self._layouts: dict[tuple, tuple] = {}  # bank_layout's and the parts it checked
 
     def serve(self, worker: int) -> None:
         """The worker thread's whole life (returns on stop)."""
@@ -135,31 +158,51 @@ class LayerCalls:
         self, x: torch.Tensor, bank: dict[str, torch.Tensor], fmt: str,
         topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: list[int],
     ) -> LayerHandle:  # fmt: skip
-        """As submit(x, expert_jobs(bank, topk_ids, topk_weights, experts, fmt)), with the plan
-        built from the bank's addresses and the routing in a few array operations: no Python per
-        expert (a layer's call is ~10 array ops however many experts it holds)."""
-        layout = self._layout(bank, fmt, x.shape[1])
-        plan, keep, out = build_routed_plan(x, layout, topk_ids, topk_weights, experts,
-                                            self.workers)  # fmt: skip
-        return self._publish(plan, (*keep, bank), out)  # the bank read by address: kept alive
+        """As submit(x, expert_jobs(bank, topk_ids, topk_weights, experts, fmt)): of `experts`,
+        those the routing sends a token to, each with its tokens in order; the call built by
+        one compiled pass (layer_kernel.route) from the bank's addresses, no Python per expert.
+        ValueError for an expert outside the bank or given twice, routing that does not match
+        x, or experts no token reaches."""
+        tokens, hidden = x.shape
+        if tuple(topk_ids.shape) != tuple(topk_weights.shape) or topk_ids.shape[0] != tokens:
+            raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} "
+                             f"does not match x {tuple(x.shape)}")  # fmt: skip
+        layout = self._layout(bank, fmt, hidden)
+        if hidden != layout.hidden:
+            raise ValueError(f"x has hidden size {hidden}, the bank {layout.hidden}")
+        ids = _as(topk_ids, torch.int64).numpy()
+        weights = _as(topk_weights, torch.float32).numpy()
+        out = torch.empty(tokens, hidden, dtype=torch.float32)
+        status, call = K.route(ids, weights, np.asarray(experts, np.int64), layout.experts,
+                               layout.base, layout.stride, layout.code, layout.inter, self.workers,
+                               _x_words(x), out.data_ptr())  # fmt: skip
+        if status < 0:
+            raise ValueError(_REFUSED[status].format(experts=layout.experts))
+        return self._publish(call, (bank,), out)  # the bank read by address: kept alive
 
     def _layout(self, bank: dict[str, torch.Tensor], fmt: str, hidden: int) -> BankLayout:
-        """The bank's layout, checked once per bank: the key holds every fact the check read."""
+        """The bank's layout, checked once per bank: found again by the parts' identities and
+        addresses (a few attribute reads: a submit's every operation is slow right after a
+        call has streamed the caches), checked again for any other tensor."""
         code_parts = kernel_format(fmt, bank["w13"].dtype)
         parts = [bank.get(name) for name in (code_parts[1] if code_parts else ())]
-        key = (fmt, hidden, *((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
-                              for t in parts if t is not None))  # fmt: skip
-        layout = self._layouts.get(key)
-        if layout is None:
-            if len(self._layouts) > 1024:  # banks come and go (tests, benchmarks): keep it small
-                self._layouts.clear()
-            layout = self._layouts[key] = bank_layout(bank, fmt, hidden)
+        key = (fmt, hidden, *map(id, parts))
+        layout, checked = self._layouts.get(key, (None, ()))
+        if layout is not None and all(t is ref() and t.data_ptr() == at for t, (ref, at) in
+                                      zip(parts, checked, strict=True)):  # fmt: skip
+            return layout
+        if len(self._layouts) > 1024:  # banks come and go (tests, benchmarks): keep it small
+            self._layouts.clear()
+        layout = bank_layout(bank, fmt, hidden)  # every part present: checked
+        self._layouts[key] = (layout, [(weakref.ref(t), t.data_ptr()) for t in parts])
         return layout
 
     def _publish(self, plan: np.ndarray, keep: tuple, out: torch.Tensor) -> LayerHandle:
+        """Start `plan` (its first words; the rest what it points at) once the last call is
+        done: the workers share one control block."""
         with self._lock:
             if self._last is not None:
-                self._last.wait()  # one call in flight: the workers share one control block
+                self._last.wait()
             self._gen += 1
             handle = LayerHandle(self, self._gen, out, (plan, *keep), int(plan[K.EXPERTS]))
             K.start_call(self.ctrl, plan.ctypes.data, self._gen)
@@ -206,37 +249,6 @@ def bank_layout(bank: dict[str, torch.Tensor], fmt: str, hidden: int) -> BankLay
     return BankLayout(code, experts, hidden, inter, base, stride)
 
 
-def build_routed_plan(x: torch.Tensor, layout: BankLayout, topk_ids: torch.Tensor,
-                      topk_weights: torch.Tensor, experts: list[int], workers: int):  # fmt: skip
-    """build_plan's result for the experts of `experts` that the routing (topk_ids /
-    topk_weights [T, K], on the CPU) sends tokens to, each with its tokens in order; ValueError
-    for an expert outside the bank or routing that does not match x."""
-    tokens, hidden = x.shape
-    if tuple(topk_ids.shape) != tuple(topk_weights.shape) or topk_ids.shape[0] != tokens:
-        raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} does "
-                         f"not match x {tuple(x.shape)}")  # fmt: skip
-    if hidden != layout.hidden:
-        raise ValueError(f"x has hidden size {hidden}, the bank {layout.hidden}")
-    chosen = np.asarray(experts, np.int64)
-    if chosen.size and (chosen.min() < 0 or chosen.max() >= layout.experts):
-        raise ValueError(f"experts must lie in [0, {layout.experts})")
-    ids = topk_ids.numpy().reshape(1, -1)
-    routed = ids == chosen[:, None]  # [k, T*K]: where each chosen expert's tokens are
-    _, slot = np.nonzero(routed)  # by expert, then token: expert_jobs' order
-    counts = routed.sum(1)
-    live = counts > 0  # an expert no token reaches is no work
-    chosen = chosen[live]
-    if not chosen.size:
-        raise ValueError("no token is routed to the given experts")
-    starts = np.zeros(chosen.size + 1, np.int64)
-    np.cumsum(counts[live], out=starts[1:])
-    rows = slot // topk_ids.shape[1]
-    weights = topk_weights.to(torch.float32).numpy().reshape(-1)[slot]
-    plan = np.zeros(K.HEADER + chosen.size * K.PARTS, np.int64)
-    plan[K.HEADER :].reshape(-1, K.PARTS)[:] = layout.base + chosen[:, None] * layout.stride
-    return _finish_plan(plan, layout.code, x, layout.inter, starts, rows, weights, workers, ())
-
-
 def build_plan(x: torch.Tensor, jobs: list[ExpertJob], workers: int):
     """-> (plan words, arrays it points at, out [T, D]); ValueError for what the kernel cannot
     read safely (a part of the wrong shape, dtype or layout, mixed formats)."""
@@ -272,11 +284,17 @@ def build_plan(x: torch.Tensor, jobs: list[ExpertJob], workers: int):
 def _finish_plan(plan, code, x, inter, starts, rows, weights, workers, keep):
     """The plan's header; -> (plan, arrays it points at, out [T, D])."""
     tokens, hidden = x.shape
-    xs = x.to(torch.float32).contiguous().numpy()
+    xs = x.to(torch.float32).contiguous()
     act = np.empty((max(int(starts[-1]), 1), inter), np.float32)
     out = torch.empty(tokens, hidden, dtype=torch.float32)
+    _header(plan, code, len(starts) - 1, xs, inter, workers, act, out, starts, rows, weights)
+    return plan, (xs, act, starts, rows, weights, keep), out
+
+
+def _header(plan, code, experts, xs, inter, workers, act, out, starts, rows, weights) -> None:
+    """The plan's header words: xs [T, D] float32 and out contiguous tensors, the rest arrays."""
+    tokens, hidden = xs.shape
     plan[: K.TOKEN_WEIGHT + 1] = (
-        code, len(starts) - 1, tokens, hidden, inter, workers, xs.ctypes.data, act.ctypes.data,
+        code, experts, tokens, hidden, inter, workers, xs.data_ptr(), act.ctypes.data,
         out.data_ptr(), starts.ctypes.data, rows.ctypes.data, weights.ctypes.data,
     )  # fmt: skip
-    return plan, (xs, act, starts, rows, weights, keep), out
