@@ -251,16 +251,28 @@ def _data(context, builder, signature, args, n):
     return [context.make_array(t)(context, builder, a).data for t, a in arrays]
 
 
+def _row_data(context, builder, ty, ary, row):
+    """The data pointer of row `row` of the 2-D array `ary` (of type ty): no view made (a view in
+    numba code is two atomic reference counts, as much as a short row's dot)."""
+    a = context.make_array(ty)(context, builder, ary)
+    stride = cgutils.unpack_tuple(builder, a.strides)[0]
+    base = builder.bitcast(a.data, ir.IntType(8).as_pointer())
+    return builder.bitcast(builder.gep(base, [builder.mul(row, stride)]), a.data.type)
+
+
 @intrinsic
-def q8_dot(typingctx, w, x, s, blocks):
-    """sum over b < blocks of s[b] * (the int32 dot of w and x over [32 b, 32 b + 32)), float32;
-    w and x int8 arrays (values in [-127, 127]), s float32. Vector IR, because numba widens int8
-    products to int64 lanes: per block, the integer sums of _block_sums, converted to float and
-    multiplied by the block's scale (the shape of llama.cpp's Q8_0 dot)."""
+def q8_dot(typingctx, w, x, s, row, blocks):
+    """sum over b < blocks of s[row, b] * (the int32 dot of w and x[row] over [32 b, 32 b + 32)),
+    float32; w int8 [C] and x int8 [T, C] (values in [-127, 127]), s float32 [T, C / 32]. Vector
+    IR, because numba widens int8 products to int64 lanes: per block, the integer sums of
+    _block_sums, converted to float and multiplied by the block's scale (the shape of llama.cpp's
+    Q8_0 dot)."""
 
     def codegen(context, builder, signature, args):
         i8, i32, f32x8 = ir.IntType(8), ir.IntType(32), ir.VectorType(ir.FloatType(), 8)
-        w_ptr, x_ptr, s_ptr = _data(context, builder, signature, args, 3)
+        (w_ptr,) = _data(context, builder, signature, args, 1)
+        x_ptr = _row_data(context, builder, signature.args[1], args[1], args[3])
+        s_ptr = _row_data(context, builder, signature.args[2], args[2], args[3])
         vec = ir.VectorType(i8, Q8_BLOCK).as_pointer()
         w_ptr, x_ptr = builder.bitcast(w_ptr, vec), builder.bitcast(x_ptr, vec)
 
@@ -271,9 +283,9 @@ def q8_dot(typingctx, w, x, s, blocks):
             one = builder.insert_element(ir.Constant(f32x8, None), scale, ir.Constant(i32, 0))
             return _block_sums(builder, wv, xv), _lanes(builder, one, [0] * 8)
 
-        return _dot_blocks(builder, args[3], block)
+        return _dot_blocks(builder, args[4], block)
 
-    return types.float32(w, x, s, blocks), codegen
+    return types.float32(w, x, s, row, blocks), codegen
 
 
 # e2m1 values times 2, by code: integers, so that a byte table (vpshufb) decodes them exactly
@@ -308,16 +320,19 @@ def _e2m1_codes(builder, packed):
 
 
 @intrinsic
-def nvfp4_q8_dot(typingctx, w, x, xs, gs, blocks):
-    """sum over blocks b < blocks, groups g = 2b, 2b + 1 of 16 elements: gs[g] * xs[b] * (the
-    int32 dot of 2 * e2m1(w) and x over group g), float32 (half the dot of the e2m1 values).
-    w uint8 two e2m1 codes a byte (element 2j low nibble), 16 bytes a block; x int8 [32 b];
-    xs float32 [b]: x's block scales; gs float32 [2 b]: w's group scales."""
+def nvfp4_q8_dot(typingctx, w, x, xs, row, gs, blocks):
+    """sum over blocks b < blocks, groups g = 2b, 2b + 1 of 16 elements: gs[g] * xs[row, b] * (the
+    int32 dot of 2 * e2m1(w) and x[row] over group g), float32 (half the dot of the e2m1
+    values). w uint8 two e2m1 codes a byte (element 2j low nibble), 16 bytes a block; x int8
+    [T, 32 b]; xs float32 [T, b]: x's block scales; gs float32 [2 b]: w's group scales."""
 
     def codegen(context, builder, signature, args):
         i8, i32 = ir.IntType(8), ir.IntType(32)
         f32, v16i8, v32i8 = ir.FloatType(), ir.VectorType(ir.IntType(8), 16), ir.VectorType(i8, 32)
-        w_ptr, x_ptr, xs_ptr, gs_ptr = _data(context, builder, signature, args, 4)
+        (w_ptr,) = _data(context, builder, signature, args, 1)
+        x_ptr = _row_data(context, builder, signature.args[1], args[1], args[3])
+        xs_ptr = _row_data(context, builder, signature.args[2], args[2], args[3])
+        gs_ptr = context.make_array(signature.args[4])(context, builder, args[4]).data
         w_ptr = builder.bitcast(w_ptr, v16i8.as_pointer())
         x_ptr = builder.bitcast(x_ptr, v32i8.as_pointer())
         gs_ptr = builder.bitcast(gs_ptr, ir.VectorType(f32, 2).as_pointer())
@@ -334,9 +349,9 @@ def nvfp4_q8_dot(typingctx, w, x, xs, gs, blocks):
             pair = _fast(builder.fmul(groups, _lanes(builder, one, [0, 0])))
             return _block_sums(builder, wv, xv), _lanes(builder, pair, [0] * 4 + [1] * 4)
 
-        return _dot_blocks(builder, args[4], block)
+        return _dot_blocks(builder, args[5], block)
 
-    return types.float32(w, x, xs, gs, blocks), codegen
+    return types.float32(w, x, xs, row, gs, blocks), codegen
 
 
 class _BFloat(ir.Type):

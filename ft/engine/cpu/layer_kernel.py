@@ -257,16 +257,17 @@ def _quantize_q8(v, q, s):
 
 
 @jit(fastmath=True)
-def _dot_q8(w, q, s, cols):
-    """sum_j w[j] * q[j] * s[j // 32] in float32: int8 weights w, activations quantised by
-    _quantize_q8 (q, s). Whole blocks in q8_dot's integer lanes; a last partial block here."""
+def _dot_q8(w, q, s, row, cols):
+    """sum_j w[j] * q[row, j] * s[row, j // 32] in float32: int8 weights w, activations
+    quantised by _quantize_q8 (q, s). Whole blocks in q8_dot's integer lanes; a last partial
+    block here."""
     full = cols // Q8_BLOCK
-    acc = q8_dot(w, q, s, full)
+    acc = q8_dot(w, q, s, row, full)
     if full * Q8_BLOCK < cols:
         isum = 0
         for j in range(full * Q8_BLOCK, cols):
-            isum += np.int32(w[j]) * np.int32(q[j])
-        acc += np.float32(isum) * s[full]
+            isum += np.int32(w[j]) * np.int32(q[row, j])
+        acc += np.float32(isum) * s[row, full]
     return acc
 
 
@@ -278,20 +279,20 @@ def integer_dot(fmt, n):
 
 
 @jit(fastmath=True)
-def _dot_nvfp4_q8(codes, groups, q, s, cols):
-    """sum_j e2m1(code j) * groups[j // 16] * q[j] * s[j // 32] in float32: codes two a byte,
-    groups the float group scales; whole blocks of 32 in nvfp4_q8_dot's integer lanes (twice
-    the e2m1 values: halved here), a last group of 16 here."""
+def _dot_nvfp4_q8(codes, groups, q, s, row, cols):
+    """sum_j e2m1(code j) * groups[j // 16] * q[row, j] * s[row, j // 32] in float32: codes two a
+    byte, groups the float group scales; whole blocks of 32 in nvfp4_q8_dot's integer lanes
+    (twice the e2m1 values: halved here), a last group of 16 here."""
     full = cols // Q8_BLOCK
-    acc = nvfp4_q8_dot(codes, q, s, groups, full)
+    acc = nvfp4_q8_dot(codes, q, s, row, groups, full)
     if full * Q8_BLOCK < cols:  # cols is a multiple of 16: one group left
         isum = 0
         for j in range(full * Q8_BLOCK // 2, cols // 2):
             c = codes[j]
-            isum += E2M1_INT[c & 15] * np.int32(q[2 * j]) + E2M1_INT[c >> 4] * np.int32(
-                q[2 * j + 1]
+            isum += E2M1_INT[c & 15] * np.int32(q[row, 2 * j]) + E2M1_INT[c >> 4] * np.int32(
+                q[row, 2 * j + 1]
             )
-        acc += np.float32(isum) * groups[2 * full] * s[full]
+        acc += np.float32(isum) * groups[2 * full] * s[row, full]
     return acc * np.float32(0.5)
 
 
@@ -304,14 +305,14 @@ def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
         w = carray(address(parts[proj] + r * cols), (cols,), np.int8)
         scale = _row_scale(parts, proj, r)
         for t in range(t0, t1):
-            dots[t - t0] = _dot_q8(w, vq[sel[t]], vs[sel[t]], cols) * scale
+            dots[t - t0] = _dot_q8(w, vq, vs, sel[t], cols) * scale
         return
     codes, scales = _nvfp4_row(parts, proj, r, cols)
     groups = buf[: scales.shape[0]]
     _group_scales(scales, groups)
     scale = _nvfp4_tensor_scale(parts, proj, r, inter)
     for t in range(t0, t1):
-        dots[t - t0] = _dot_nvfp4_q8(codes, groups, vq[sel[t]], vs[sel[t]], cols) * scale
+        dots[t - t0] = _dot_nvfp4_q8(codes, groups, vq, vs, sel[t], cols) * scale
 
 
 # -- bf16: vdpbf16ps against activations rounded to bf16 ----------------------------------------
