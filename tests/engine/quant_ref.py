@@ -15,7 +15,6 @@ FORMATS = ("bf16", "int8", "fp8_block", "nvfp4")
 BLOCK = 128  # fp8_block's square block
 GROUP = 16  # nvfp4's elements per e4m3 scale
 Q8_BLOCK = 32  # activation elements per scale in q8_0
-INT_DOT_TOKENS = 1  # experts with at most this many tokens in a call take the integer dot
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of code & 7
 E2M1_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # round-to-nearest thresholds
 
@@ -105,7 +104,7 @@ def _expand(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 QUANTIZERS = {"int8": int8_rows, "fp8_block": fp8_blocks, "nvfp4": nvfp4_groups}
 
 
-# -- the CPU pool's integer dot (int8 experts of INT_DOT_TOKENS tokens) and bf16 dot -----------
+# -- the CPU pool's integer dot (int8 experts of few tokens, nvfp4's of one) and bf16 dot -----
 
 
 def bf16_round(v: torch.Tensor) -> torch.Tensor:
@@ -114,18 +113,18 @@ def bf16_round(v: torch.Tensor) -> torch.Tensor:
     return v.float().to(torch.bfloat16).float()
 
 
-def moe_reference(x, w13, w2, topk_ids, topk_weights, int_dot: bool = False,
+def moe_reference(x, w13, w2, topk_ids, topk_weights, int_dot_tokens: int = 0,
                   bf16_dot: bool = False) -> torch.Tensor:  # fmt: skip
     """float32: every token through each of its experts, one at a time (w13 [N, 2I, D], w2
-    [N, D, I] float32). int_dot: an expert with at most INT_DOT_TOKENS tokens in the call has
-    its x and act rounded as the pool's integer dot rounds them (q8_0); bf16_dot: every expert
-    has them rounded as the pool's bf16 dot does (bf16_round)."""
+    [N, D, I] float32). An expert with at most int_dot_tokens tokens in the call has its x and
+    act rounded as the pool's integer dot rounds them (q8_0); bf16_dot: every other expert has
+    them rounded as the pool's bf16 dot does (bf16_round)."""
     out, inter = torch.zeros(x.shape), w2.shape[2]
     counts = torch.bincount(topk_ids.flatten(), minlength=w13.shape[0])
     for t in range(x.shape[0]):
         for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True):
             rnd = lambda v: v  # noqa: E731
-            if int_dot and counts[e] <= INT_DOT_TOKENS:
+            if counts[e] <= int_dot_tokens:
                 rnd = q8_0
             elif bf16_dot:
                 rnd = bf16_round

@@ -13,7 +13,7 @@ import torch
 
 from ft.bench.cpu_moe import ACT_FLIPS
 from ft.engine.cpu import intrinsics, layer_kernel
-from ft.engine.cpu.layer import act_rounding, bf16_round, kernel_format, q8_0
+from ft.engine.cpu.layer import act_rounding, bf16_round, int_dot_tokens, kernel_format
 from ft.engine.cpu.pool import THREAD_PREFIX, CpuMoeExecutor, ExpertJob, expert_jobs
 from tests.engine import quant_ref
 
@@ -53,7 +53,6 @@ def routing(tokens: int, top_k: int, seed: int):
 @pytest.mark.parametrize("fmt,dtype", KERNEL_CASES)
 def test_layer_kernel_equals_float32_reference(fmt, dtype, shape, threads):
     hidden, inter = shape
-    assert quant_ref.INT_DOT_TOKENS == layer_kernel.INT_DOT_TOKENS  # the reference models it
     bank, (w13, w2) = bank_for(fmt, dtype, hidden, inter, seed=hidden + threads)
     assert kernel_format(fmt, bank["w13"].dtype) is not None  # the layer kernel, not a fallback
     with CpuMoeExecutor(threads=threads) as pool:
@@ -67,8 +66,8 @@ def test_layer_kernel_equals_float32_reference(fmt, dtype, shape, threads):
             # int8, nvfp4 (AVX2): experts of one token take the integer dot; on AVX512-BF16
             # every other expert but float32's the bf16 dot; their rounding modelled; a few act
             # roundings may land the other way (ACT_FLIPS, one step each)
-            int_dot = act_rounding(fmt, bank["w13"].dtype, 1) is q8_0
-            bf16_dot = act_rounding(fmt, bank["w13"].dtype, 2) is bf16_round
+            int_dot = int_dot_tokens(fmt, bank["w13"].dtype)
+            bf16_dot = act_rounding(fmt, bank["w13"].dtype, 64) is bf16_round
             want = reference(x, w13, w2, ids, weights, int_dot, bf16_dot)
             flip = quant_ref.act_flip(x, w13, w2, ids, weights) if int_dot or bf16_dot else 0.0
             flips = ACT_FLIPS * flip
@@ -113,6 +112,54 @@ def test_bf16_dots_equal_the_float32_dot_of_the_bf16_values(cols, tokens):
                                tokens, dots.numpy())  # fmt: skip
         want = v[sel].double() @ w[r].double()
         torch.testing.assert_close(dots.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 6])
+@pytest.mark.parametrize("cols", [32, 96, 304])  # 304: a last partial block of 32 (one group)
+@pytest.mark.parametrize("fmt", ["int8", "nvfp4"])
+def test_int_dots_equal_the_float64_dot_of_the_integers(fmt, cols, tokens):
+    """int_dots (q8_dot_rows / nvfp4_q8_dot_rows: up to DOT_TOKENS tokens a pass over the row,
+    accumulators, a tail) against float64 on the same integers and scales, for each row of a
+    [3, cols] projection, tokens in another order than their rows."""
+    gen = torch.Generator().manual_seed(cols + tokens)
+    v = torch.randn(tokens, cols, generator=gen)
+    vq = torch.empty(tokens, cols, dtype=torch.int8)
+    vs = torch.empty(tokens, (cols + 31) // 32)
+    for t in range(tokens):
+        layer_kernel._quantize_q8(v[t].numpy(), vq[t].numpy(), vs[t].numpy())
+    x = vq.double() * vs.double().repeat_interleave(32, dim=1)[:, :cols]  # what the dot reads
+    parts = torch.zeros(layer_kernel.PARTS, dtype=torch.int64)
+    if fmt == "int8":
+        w = torch.randint(-127, 128, (3, cols), generator=gen, dtype=torch.int8)
+        row_scale = torch.rand(3, generator=gen) + 0.5
+        keep = (w, row_scale)
+        parts[layer_kernel.W13], parts[layer_kernel.W13_SCALE] = w.data_ptr(), row_scale.data_ptr()
+        rows = w.double() * row_scale.double()[:, None]
+        code = layer_kernel.INT8
+    else:
+        packed = torch.randint(0, 256, (3, cols // 2), generator=gen, dtype=torch.int16)
+        packed = packed.to(torch.uint8)
+        scale_codes = torch.randint(0x08, 0x7E, (3, cols // 16), generator=gen, dtype=torch.int16)
+        scale_codes = scale_codes.to(torch.uint8)
+        tensor_scale = torch.tensor([0.75, 1.25])  # gate's, up's: rows 0-2 are gate's (inter 3)
+        keep = (packed, scale_codes, tensor_scale)
+        parts[layer_kernel.W13] = packed.data_ptr()
+        parts[layer_kernel.W13_SCALE] = scale_codes.data_ptr()
+        parts[layer_kernel.W13_SCALE_2] = tensor_scale.data_ptr()
+        codes = torch.stack([packed & 15, packed >> 4], -1).flatten(1).long()
+        values = torch.from_numpy(layer_kernel.E2M1_INT[codes.numpy()] / 2.0)
+        groups = scale_codes.view(torch.float8_e4m3fn).double().repeat_interleave(16, dim=1)
+        rows = values * groups * 0.75
+        code = layer_kernel.NVFP4
+    buf, dots = torch.empty(max(cols, 16)), torch.zeros(tokens)
+    sel = torch.arange(tokens).flip(0)
+    for r in range(3):
+        layer_kernel.int_dots(code, parts.numpy(), layer_kernel.W13, r, cols, 3, buf.numpy(),
+                              vq.numpy(), vs.numpy(), sel.numpy(), 0, tokens,
+                              dots.numpy())  # fmt: skip
+        want = x[sel] @ rows[r]
+        torch.testing.assert_close(dots.double(), want, rtol=1e-5, atol=1e-5)
+    assert keep
 
 
 @numba.njit

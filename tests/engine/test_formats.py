@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from ft.bench.cpu_moe import ACT_FLIPS
 from ft.cli.app import app
 from ft.engine.config import EXPERT_FORMATS, EngineConfig, ModelConfig
-from ft.engine.cpu.layer import act_rounding, bf16_round, q8_0
+from ft.engine.cpu.layer import act_rounding, bf16_round, int_dot_tokens
 from ft.engine.cpu.pool import CpuMoeExecutor, expert_jobs
 from ft.engine.experts.grouped import blocks_on_device, moe_pairs, reduce_pairs, ref_moe_pairs
 from ft.engine.experts.store import HostExpertStore
@@ -221,12 +221,12 @@ def test_cpu_executor_equals_device_path_and_reference(fmt, tokens):
         cpu = pool.submit(x, jobs).wait()
         assert pool.stats.experts_in_pool == len(jobs)
     torch.testing.assert_close(device, ref, rtol=1e-5, atol=1e-5)
-    int_dot = act_rounding(fmt, bank["w13"].dtype, 1) is q8_0
-    bf16_dot = act_rounding(fmt, bank["w13"].dtype, 2) is bf16_round
+    int_dot = int_dot_tokens(fmt, bank["w13"].dtype)
+    bf16_dot = act_rounding(fmt, bank["w13"].dtype, 64) is bf16_round
     if int_dot or bf16_dot:  # the pool's integer dot (experts of one token: int8, nvfp4 on
         # AVX2) or bf16 dot (AVX512-BF16): its rounding modelled
         w13, w2 = quant_ref.dequantize(bank, fmt)
-        ref = quant_ref.moe_reference(x, w13, w2, ids, weights, int_dot=int_dot,
+        ref = quant_ref.moe_reference(x, w13, w2, ids, weights, int_dot_tokens=int_dot,
                                       bf16_dot=bf16_dot)  # fmt: skip
         flips = ACT_FLIPS * quant_ref.act_flip(x, w13, w2, ids, weights)  # (test_cpu_layer)
         torch.testing.assert_close(cpu, ref, rtol=1e-5, atol=1e-5 + flips)

@@ -155,7 +155,8 @@ def futex(typingctx, addr, op, value):
     return types.int64(addr, op, value), codegen
 
 
-Q8_BLOCK = 32  # elements per activation scale in q8_dot (llama.cpp's Q8_0 block)
+Q8_BLOCK = 32  # elements per activation scale in q8_dot_rows (llama.cpp's Q8_0 block)
+DOT_TOKENS = 4  # tokens dotted with one pass over a row (the integer and the bf16 dots)
 
 
 def _target_features() -> dict[str, bool]:
@@ -189,14 +190,23 @@ def _call(builder, name, ret, args):
     return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), args)
 
 
-def _block_sums(builder, wv, xv):
+def _signed_weights(builder, wv):
+    """What _block_sums needs of a <32 x i8> weight block, made once for every token: x86
+    multiplies unsigned by signed bytes, so |w| and w (its sign moves onto x)."""
+    if AVX2:
+        ax = _call(builder, "llvm.abs.v32i8", wv.type, [wv, ir.Constant(ir.IntType(1), 0)])
+        return ax, wv
+    return None, wv
+
+
+def _block_sums(builder, weights, xv):
     """<8 x i32> whose lanes sum to the dot of two <32 x i8> (values in [-127, 127]), each lane
-    the sum of 4 neighbouring products. x86 multiplies unsigned by signed bytes: |w| times x
-    with w's sign (llama.cpp's AVX2 Q8_0 dot); no 16-bit sum saturates (2 * 127 * 127 < 2^15)."""
+    the sum of 4 neighbouring products; weights from _signed_weights. |w| times x with w's sign
+    (llama.cpp's AVX2 Q8_0 dot); no 16-bit sum saturates (2 * 127 * 127 < 2^15)."""
     i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
     v32i8, v16i16, v8i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+    ax, wv = weights
     if AVX2:
-        ax = _call(builder, "llvm.abs.v32i8", v32i8, [wv, ir.Constant(ir.IntType(1), 0)])
         sx = _call(builder, "llvm.x86.avx2.psign.b", v32i8, [xv, wv])
         if VNNI:
             zero = ir.Constant(v8i32, [0] * 8)
@@ -210,39 +220,104 @@ def _block_sums(builder, wv, xv):
     return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
 
 
-# independent float accumulators in q8_dot: each block's multiply-add waits for the previous one
-# into the same accumulator (4 cycles), and one chain made T=4 calls ~6x slower per token
-Q8_CHAINS = 4
+def _chained_blocks(builder, blocks, chains, add_block):
+    """add_block(b, b % chains) for b < blocks (an i64 value): `chains` independent
+    accumulators, so that a block's multiply-add does not wait for the one before it."""
+    i64 = ir.IntType(64)
+    step = ir.Constant(i64, chains)
+    rounds = builder.udiv(blocks, step)
+    with cgutils.for_range(builder, rounds) as loop:
+        first = builder.mul(loop.index, step)
+        for c in range(chains):
+            add_block(builder.add(first, ir.Constant(i64, c)), c)
+    with cgutils.for_range(builder, builder.sub(blocks, builder.mul(rounds, step))) as lp:
+        add_block(builder.add(builder.mul(rounds, step), lp.index), 0)
 
 
-def _dot_blocks(builder, blocks, block):
-    """sum over b < blocks of the float32 lanes of block(b) -> (<8 x i32> integer sums, <8 x
-    float> their scales), in Q8_CHAINS accumulators (b into b % Q8_CHAINS); one horizontal sum
-    at the end."""
-    i32, i64, f32x8 = ir.IntType(32), ir.IntType(64), ir.VectorType(ir.FloatType(), 8)
-    zero = ir.Constant(f32x8, [0.0] * 8)
-    accs = [cgutils.alloca_once_value(builder, zero) for _ in range(Q8_CHAINS)]
-
-    def add_block(b, acc):
-        sums, scales = block(b)
-        prod = _fast(builder.fmul(builder.sitofp(sums, f32x8), scales))
-        builder.store(_fast(builder.fadd(builder.load(acc), prod)), acc)
-
-    chains = ir.Constant(i64, Q8_CHAINS)
-    groups = builder.udiv(blocks, chains)
-    with cgutils.for_range(builder, groups) as loop:
-        first = builder.mul(loop.index, chains)
-        for c, acc in enumerate(accs):
-            add_block(builder.add(first, ir.Constant(i64, c)), acc)
-    with cgutils.for_range(builder, builder.sub(blocks, builder.mul(groups, chains))) as loop:
-        add_block(builder.add(builder.mul(groups, chains), loop.index), accs[0])
+def _hsum(builder, accs):
+    """The sum of every lane of the float vector accumulators `accs` (allocas)."""
     total = builder.load(accs[0])
     for acc in accs[1:]:
         total = _fast(builder.fadd(total, builder.load(acc)))
-    for width in (4, 2, 1):  # the upper half of the lanes added onto the lower
+    width = total.type.count // 2
+    while width:  # the upper half of the lanes added onto the lower
         hi = _lanes(builder, total, range(width, 2 * width))
         total = _fast(builder.fadd(_lanes(builder, total, range(width)), hi))
-    return builder.extract_element(total, ir.Constant(i32, 0))
+        width //= 2
+    return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+
+
+def _add_scaled(builder, acc, values, scales):
+    """acc (an alloca) += values * scales, lane by lane (one fma)."""
+    new = _fast(builder.fadd(builder.load(acc), _fast(builder.fmul(values, scales))))
+    builder.store(new, acc)
+
+
+def _store_dots(builder, dots_ptr, o, accs):
+    """dots[o + i] = the sum of every lane of token i's accumulators accs[i]."""
+    for i, token_accs in enumerate(accs):
+        out = builder.gep(dots_ptr, [builder.add(o, ir.Constant(ir.IntType(64), i))])
+        builder.store(_hsum(builder, token_accs), out)
+
+
+def _by_token_count(builder, n, dot_rows):
+    """dot_rows(tokens) compiled for each count 1 to DOT_TOKENS, the one equal to n (an i64
+    value) run: each count's loop keeps its tokens' accumulators in registers."""
+    for tokens in range(1, DOT_TOKENS + 1):
+        with builder.if_then(builder.icmp_signed("==", n, ir.Constant(ir.IntType(64), tokens))):
+            dot_rows(tokens)
+
+
+# independent float accumulators in the integer dot: each block's multiply-add waits for the
+# previous one into the same accumulator (4 cycles), and one chain made T=4 calls ~6x slower
+# per token
+Q8_CHAINS = 4
+
+
+def _int_dot_rows(context, builder, signature, args, weights, block_scales):
+    """codegen of the integer dots of one weight row with up to DOT_TOKENS tokens in one pass:
+    args (w, x, xs, sel, t0, n, blocks, ..., dots, o). Per block b: weights(b) -> the
+    _signed_weights of its <32 x i8> values, once; per token i (x row sel[t0 + i]):
+    _block_sums, to float, times block_scales(b, x_scale) (<8 x float>), into `chains`
+    accumulators; dots[o + i] = their horizontal sum."""
+    i64 = ir.IntType(64)
+    f32x8, v32i8 = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.IntType(8), 32)
+    x, xs, sel, t0, n, blocks = args[1:7]
+    dots, o = args[-2], args[-1]
+    x_ary = context.make_array(signature.args[1])(context, builder, x)
+    xs_ary = context.make_array(signature.args[2])(context, builder, xs)  # rows by stride: no
+    # view made (a view in numba code is two atomic reference counts, as much as a short dot)
+    sel_ptr = context.make_array(signature.args[3])(context, builder, sel).data
+    dots_ptr = context.make_array(signature.args[-2])(context, builder, dots).data
+
+    def row_of(ary, i):  # the data pointer of row sel[t0 + i] of a 2-D array
+        row = builder.load(builder.gep(sel_ptr, [builder.add(t0, ir.Constant(i64, i))]))
+        stride = cgutils.unpack_tuple(builder, ary.strides)[0]
+        base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+        return builder.gep(base, [builder.mul(row, stride)])
+
+    def dot_rows(tokens):
+        chains = max(1, Q8_CHAINS // tokens)
+        xrows = [builder.bitcast(row_of(x_ary, i), v32i8.as_pointer()) for i in range(tokens)]
+        srows = [builder.bitcast(row_of(xs_ary, i), ir.FloatType().as_pointer())
+                 for i in range(tokens)]  # fmt: skip
+        zero = ir.Constant(f32x8, [0.0] * 8)
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(chains)]
+                for _ in range(tokens)]  # fmt: skip
+
+        def add_block(b, c):
+            wts = weights(b)
+            for i in range(tokens):
+                xv = builder.load(builder.gep(xrows[i], [b]), align=1)
+                sums = builder.sitofp(_block_sums(builder, wts, xv), f32x8)
+                scale = block_scales(b, builder.load(builder.gep(srows[i], [b])))
+                _add_scaled(builder, accs[i][c], sums, scale)
+
+        _chained_blocks(builder, blocks, chains, add_block)
+        _store_dots(builder, dots_ptr, o, accs)
+
+    _by_token_count(builder, n, dot_rows)
+    return context.get_dummy_value()
 
 
 def _data(context, builder, signature, args, n):
@@ -251,41 +326,30 @@ def _data(context, builder, signature, args, n):
     return [context.make_array(t)(context, builder, a).data for t, a in arrays]
 
 
-def _row_data(context, builder, ty, ary, row):
-    """The data pointer of row `row` of the 2-D array `ary` (of type ty): no view made (a view in
-    numba code is two atomic reference counts, as much as a short row's dot)."""
-    a = context.make_array(ty)(context, builder, ary)
-    stride = cgutils.unpack_tuple(builder, a.strides)[0]
-    base = builder.bitcast(a.data, ir.IntType(8).as_pointer())
-    return builder.bitcast(builder.gep(base, [builder.mul(row, stride)]), a.data.type)
-
-
 @intrinsic
-def q8_dot(typingctx, w, x, s, row, blocks):
-    """sum over b < blocks of s[row, b] * (the int32 dot of w and x[row] over [32 b, 32 b + 32)),
-    float32; w int8 [C] and x int8 [T, C] (values in [-127, 127]), s float32 [T, C / 32]. Vector
-    IR, because numba widens int8 products to int64 lanes: per block, the integer sums of
-    _block_sums, converted to float and multiplied by the block's scale (the shape of llama.cpp's
-    Q8_0 dot)."""
+def q8_dot_rows(typingctx, w, x, xs, sel, t0, n, blocks, dots, o):
+    """dots[o + i] = sum over b < blocks of xs[r, b] * (the int32 dot of w and x[r] over
+    [32 b, 32 b + 32)), r = sel[t0 + i], float32, for i < n (1 to DOT_TOKENS): every token's dot
+    in one pass over the row w (int8 [C]); x int8 [T, C] (values in [-127, 127]), xs float32
+    [T, C / 32] its block scales. Vector IR, because numba widens int8 products to int64 lanes:
+    per block, the integer sums of _block_sums, converted to float and multiplied by the
+    block's scale (the shape of llama.cpp's Q8_0 dot)."""
 
     def codegen(context, builder, signature, args):
-        i8, i32, f32x8 = ir.IntType(8), ir.IntType(32), ir.VectorType(ir.FloatType(), 8)
+        i32, f32x8 = ir.IntType(32), ir.VectorType(ir.FloatType(), 8)
         (w_ptr,) = _data(context, builder, signature, args, 1)
-        x_ptr = _row_data(context, builder, signature.args[1], args[1], args[3])
-        s_ptr = _row_data(context, builder, signature.args[2], args[2], args[3])
-        vec = ir.VectorType(i8, Q8_BLOCK).as_pointer()
-        w_ptr, x_ptr = builder.bitcast(w_ptr, vec), builder.bitcast(x_ptr, vec)
+        w_ptr = builder.bitcast(w_ptr, ir.VectorType(ir.IntType(8), Q8_BLOCK).as_pointer())
 
-        def block(b):
-            wv = builder.load(builder.gep(w_ptr, [b]), align=1)
-            xv = builder.load(builder.gep(x_ptr, [b]), align=1)
-            scale = builder.load(builder.gep(s_ptr, [b]))
-            one = builder.insert_element(ir.Constant(f32x8, None), scale, ir.Constant(i32, 0))
-            return _block_sums(builder, wv, xv), _lanes(builder, one, [0] * 8)
+        def weights(b):
+            return _signed_weights(builder, builder.load(builder.gep(w_ptr, [b]), align=1))
 
-        return _dot_blocks(builder, args[4], block)
+        def block_scales(b, x_scale):
+            one = builder.insert_element(ir.Constant(f32x8, None), x_scale, ir.Constant(i32, 0))
+            return _lanes(builder, one, [0] * 8)
 
-    return types.float32(w, x, s, row, blocks), codegen
+        return _int_dot_rows(context, builder, signature, args, weights, block_scales)
+
+    return types.void(w, x, xs, sel, t0, n, blocks, dots, o), codegen
 
 
 # e2m1 values times 2, by code: integers, so that a byte table (vpshufb) decodes them exactly
@@ -320,38 +384,36 @@ def _e2m1_codes(builder, packed):
 
 
 @intrinsic
-def nvfp4_q8_dot(typingctx, w, x, xs, row, gs, blocks):
-    """sum over blocks b < blocks, groups g = 2b, 2b + 1 of 16 elements: gs[g] * xs[row, b] * (the
-    int32 dot of 2 * e2m1(w) and x[row] over group g), float32 (half the dot of the e2m1
-    values). w uint8 two e2m1 codes a byte (element 2j low nibble), 16 bytes a block; x int8
-    [T, 32 b]; xs float32 [T, b]: x's block scales; gs float32 [2 b]: w's group scales."""
+def nvfp4_q8_dot_rows(typingctx, w, x, xs, sel, t0, n, blocks, gs, dots, o):
+    """q8_dot_rows for an nvfp4 row: dots[o + i] = sum over blocks b < blocks, groups g = 2b,
+    2b + 1 of 16 elements: gs[g] * xs[r, b] * (the int32 dot of 2 * e2m1(w) and x[r] over group
+    g), float32 (twice the dot of the e2m1 values), r = sel[t0 + i]. w uint8 two e2m1 codes a
+    byte (element 2j low nibble), 16 bytes a block, decoded once for every token; gs float32
+    [2 b]: w's group scales."""
 
     def codegen(context, builder, signature, args):
-        i8, i32 = ir.IntType(8), ir.IntType(32)
-        f32, v16i8, v32i8 = ir.FloatType(), ir.VectorType(ir.IntType(8), 16), ir.VectorType(i8, 32)
+        f32 = ir.FloatType()
+        v16i8, v32i8 = ir.VectorType(ir.IntType(8), 16), ir.VectorType(ir.IntType(8), 32)
         (w_ptr,) = _data(context, builder, signature, args, 1)
-        x_ptr = _row_data(context, builder, signature.args[1], args[1], args[3])
-        xs_ptr = _row_data(context, builder, signature.args[2], args[2], args[3])
-        gs_ptr = context.make_array(signature.args[4])(context, builder, args[4]).data
+        gs_ptr = context.make_array(signature.args[7])(context, builder, args[7]).data
         w_ptr = builder.bitcast(w_ptr, v16i8.as_pointer())
-        x_ptr = builder.bitcast(x_ptr, v32i8.as_pointer())
         gs_ptr = builder.bitcast(gs_ptr, ir.VectorType(f32, 2).as_pointer())
         table = ir.Constant(v32i8, [v & 0xFF for v in E2M1_X2 * 2])  # both 128-bit lanes
 
-        def block(b):
+        def weights(b):
             codes = _e2m1_codes(builder, builder.load(builder.gep(w_ptr, [b]), align=1))
-            wv = _e2m1_x2(builder, codes, table)
-            xv = builder.load(builder.gep(x_ptr, [b]), align=1)
+            return _signed_weights(builder, _e2m1_x2(builder, codes, table))
+
+        def block_scales(b, x_scale):
             groups = builder.load(builder.gep(gs_ptr, [b]), align=4)  # <2 x float>
-            xscale = builder.load(builder.gep(xs_ptr, [b]))
-            one = builder.insert_element(ir.Constant(ir.VectorType(f32, 2), None), xscale,
-                                         ir.Constant(i32, 0))  # fmt: skip
-            pair = _fast(builder.fmul(groups, _lanes(builder, one, [0, 0])))
-            return _block_sums(builder, wv, xv), _lanes(builder, pair, [0] * 4 + [1] * 4)
+            pair = _fast(builder.fmul(groups, _lanes(builder, builder.insert_element(
+                ir.Constant(groups.type, None), x_scale, ir.Constant(ir.IntType(32), 0)),
+                [0, 0])))  # fmt: skip
+            return _lanes(builder, pair, [0] * 4 + [1] * 4)
 
-        return _dot_blocks(builder, args[5], block)
+        return _int_dot_rows(context, builder, signature, args, weights, block_scales)
 
-    return types.float32(w, x, xs, row, gs, blocks), codegen
+    return types.void(w, x, xs, sel, t0, n, blocks, gs, dots, o), codegen
 
 
 class _BFloat(ir.Type):
@@ -394,21 +456,9 @@ def _bf16_block(builder, acc, wv, xv):
     return _fast(builder.fadd(acc, pairs))
 
 
-def _hsum16(builder, accs):
-    """The sum of every lane of the <16 x float> accumulators `accs` (allocas)."""
-    total = builder.load(accs[0])
-    for acc in accs[1:]:
-        total = _fast(builder.fadd(total, builder.load(acc)))
-    for width in (8, 4, 2, 1):  # the upper half of the lanes added onto the lower
-        hi = _lanes(builder, total, range(width, 2 * width))
-        total = _fast(builder.fadd(_lanes(builder, total, range(width)), hi))
-    return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
-
-
 # The row dot's scalings: a block's products as they are, times one scale per 4 blocks
 # (fp8_block: 128 columns), times one per 16 columns (nvfp4's groups)
 PLAIN, PER_128, PER_16 = 0, 1, 2
-DOT_TOKENS = 4  # tokens dotted with one pass over a row
 
 
 def _bf16_dot_rows(scaling):
@@ -466,24 +516,12 @@ def _bf16_dot_rows(scaling):
                         builder.store(_bf16_block(builder, builder.load(acc), wv, xv), acc)
                     else:
                         prod = _bf16_block(builder, _const(f32x16, 0.0), wv, xv)
-                        new = _fast(builder.fadd(builder.load(acc), _fast(builder.fmul(prod, sv))))
-                        builder.store(new, acc)
+                        _add_scaled(builder, acc, prod, sv)
 
-            step = ir.Constant(i64, chains)
-            rounds = builder.udiv(blocks, step)
-            with cgutils.for_range(builder, rounds) as loop:
-                first = builder.mul(loop.index, step)
-                for c in range(chains):
-                    add_block(builder.add(first, ir.Constant(i64, c)), c)
-            with cgutils.for_range(builder, builder.sub(blocks, builder.mul(rounds, step))) as lp:
-                add_block(builder.add(builder.mul(rounds, step), lp.index), 0)
-            for i in range(tokens):
-                out = builder.gep(dots_ptr, [builder.add(o, ir.Constant(i64, i))])
-                builder.store(_hsum16(builder, accs[i]), out)
+            _chained_blocks(builder, blocks, chains, add_block)
+            _store_dots(builder, dots_ptr, o, accs)
 
-        for tokens in range(1, DOT_TOKENS + 1):
-            with builder.if_then(builder.icmp_signed("==", n, ir.Constant(i64, tokens))):
-                dot_rows(tokens)
+        _by_token_count(builder, n, dot_rows)
         return context.get_dummy_value()
 
     return codegen

@@ -92,6 +92,15 @@ def act_rounding(fmt: str, weight_dtype: torch.dtype, tokens: int):
     return bf16_round if K.bf16_dotted.py_func(code[0]) else None
 
 
+def int_dot_tokens(fmt: str, weight_dtype: torch.dtype) -> int:
+    """The most tokens an expert of `fmt` may have in a call and still take the integer dot
+    (0: never; the kernel's rule holds for every count up to it)."""
+    n = 0
+    while n < 64 and act_rounding(fmt, weight_dtype, n + 1) is q8_0:
+        n += 1
+    return n
+
+
 class LayerHandle:
     """One submitted call; wait() returns [T, D] float32 (the sum over its experts)."""
 

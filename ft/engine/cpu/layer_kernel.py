@@ -15,11 +15,12 @@ Per row the weights are decoded into a float32 buffer in L1 (vectorised: bf16 by
 int8 by a convert, e4m3 by bit arithmetic, e2m1 by vpshufb, 32 at a time), then dotted with each of
 the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
 nvfp4's per-tensor scale) multiply the dot product, not the weights.
-int8 experts with one token in the call (INT_DOT_TOKENS), and nvfp4's on AVX2, skip the decode:
-the token's x (and, after the barrier, its act) is rounded to int8 per block of 32 (llama.cpp's
-Q8_0), and each weight row is dotted with it in integer lanes (intrinsics.q8_dot: vpdpbusd, or
-vpmaddubsw + vpmaddwd on AVX2; nvfp4_q8_dot: its codes to integers by vpshufb first), times the
-block scales and the row's scales.
+int8 experts with up to four tokens in the call (INT_DOT_TOKENS), and nvfp4's of one token on
+AVX2, skip the decode: the tokens' x (and, after the barrier, their act) is rounded to int8 per
+block of 32 (llama.cpp's Q8_0), and each weight row is dotted with every token in one pass, in
+integer lanes (intrinsics.q8_dot_rows: vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2;
+nvfp4_q8_dot_rows: its codes to integers by vpshufb first), times the block scales and the
+row's scales.
 On AVX512-BF16 hosts every other expert takes the bf16 dot (bf16_dotted): x (and act) is rounded
 to bf16 once per call (llama.cpp's vec_dot_type for bf16 weights); a bf16 row is read as it is,
 a quantised one is decoded to bf16 into L1 first (exactly; int8 by a convert, e4m3 and e2m1 in
@@ -57,18 +58,17 @@ from ft.engine.cpu.intrinsics import (
     decode_int8,
     e4m3_value,
     f32_of_bits,
-    nvfp4_q8_dot,
-    q8_dot,
+    nvfp4_q8_dot_rows,
+    q8_dot_rows,
 )
 from ft.engine.cpu.jit import jit
 from ft.engine.cpu.sync import CALLER_SPIN, WORKER_SPIN, arrive, publish, wait_change, wake
 
-# int8 (and nvfp4, AVX2) experts with at most this many tokens in a call dot integers
-# (integer_dot): one token reads each weight row once, and the integer dot's fewer instructions
-# per byte lift the stream (T=1, k=8, 2-vCPU Xeon: int8 7.9 -> 10.8 GB/s, nvfp4 2.0 -> 4.7);
-# with more tokens the float path's one decode per row serves them all, and its float dot is
-# cheaper per token (int8 T=4, k=8: 6.0 float vs 4.9 integer)
-INT_DOT_TOKENS = 1
+# int8 experts with at most this many tokens in a call dot integers (integer_dot), every token
+# in one pass over the row (q8_dot_rows): no decode, and fewer instructions per byte than a
+# decode to bf16 and its dot (one Zen 4 core, a row of 2048 from L2: T=4 287-331 -> 137-158 ns;
+# T=1 46-66 either way). With more tokens the bf16 dot's one decode a row serves them all.
+INT_DOT_TOKENS = DOT_TOKENS
 # Formats the kernel reads (the plan's FMT word).
 F32, BF16, INT8, FP8, NVFP4 = 0, 1, 2, 3, 4
 FP8_BLOCK, NVFP4_GROUP = 128, 16
@@ -256,63 +256,59 @@ def _quantize_q8(v, q, s):
         s[b] = _round_q8(v[lo:hi], q[lo:hi], _amax(v[lo:hi]))
 
 
-@jit(fastmath=True)
-def _dot_q8(w, q, s, row, cols):
-    """sum_j w[j] * q[row, j] * s[row, j // 32] in float32: int8 weights w, activations
-    quantised by _quantize_q8 (q, s). Whole blocks in q8_dot's integer lanes; a last partial
-    block here."""
-    full = cols // Q8_BLOCK
-    acc = q8_dot(w, q, s, row, full)
-    if full * Q8_BLOCK < cols:
-        isum = 0
-        for j in range(full * Q8_BLOCK, cols):
-            isum += np.int32(w[j]) * np.int32(q[row, j])
-        acc += np.float32(isum) * s[row, full]
-    return acc
-
-
 @jit()
 def integer_dot(fmt, n):
-    """Whether an expert's n tokens take the integer dot: n <= INT_DOT_TOKENS, int8 weights, or
-    nvfp4's on AVX2 (its table decode is vpshufb)."""
-    return n <= INT_DOT_TOKENS and (fmt == INT8 or (fmt == NVFP4 and AVX2))
-
-
-@jit(fastmath=True)
-def _dot_nvfp4_q8(codes, groups, q, s, row, cols):
-    """sum_j e2m1(code j) * groups[j // 16] * q[row, j] * s[row, j // 32] in float32: codes two a
-    byte, groups the float group scales; whole blocks of 32 in nvfp4_q8_dot's integer lanes
-    (twice the e2m1 values: halved here), a last group of 16 here."""
-    full = cols // Q8_BLOCK
-    acc = nvfp4_q8_dot(codes, q, s, row, groups, full)
-    if full * Q8_BLOCK < cols:  # cols is a multiple of 16: one group left
-        isum = 0
-        for j in range(full * Q8_BLOCK // 2, cols // 2):
-            c = codes[j]
-            isum += E2M1_INT[c & 15] * np.int32(q[row, 2 * j]) + E2M1_INT[c >> 4] * np.int32(
-                q[row, 2 * j + 1]
-            )
-        acc += np.float32(isum) * groups[2 * full] * s[row, full]
-    return acc * np.float32(0.5)
+    """Whether an expert's n tokens take the integer dot: int8 weights at n <= INT_DOT_TOKENS,
+    nvfp4's on AVX2 at one token (its table decode is vpshufb; with more tokens its bf16 dot's
+    one vpermw decode a row was faster)."""
+    return (fmt == INT8 and n <= INT_DOT_TOKENS) or (fmt == NVFP4 and AVX2 and n == 1)
 
 
 @jit(fastmath=True, inline="always")  # as bf16_dots
 def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
     """dots[t - t0] = (row r of projection `proj`) . v[sel[t]] for t in [t0, t1), v quantised
-    by _quantize_q8 (vq, vs): the row's codes dotted as integers, times its scales (int8: the
-    row's; nvfp4: its groups', decoded once into buf, and the tensor's)."""
+    by _quantize_q8 (vq, vs): the row's codes dotted as integers, up to DOT_TOKENS tokens a pass
+    over the row, times its scales (int8: the row's; nvfp4: its groups', decoded once into buf,
+    and the tensor's); a last partial block of 32 by _int_tails."""
+    full = cols // Q8_BLOCK
     if fmt == INT8:
         w = carray(address(parts[proj] + r * cols), (cols,), np.int8)
+        for t in range(t0, t1, DOT_TOKENS):
+            q8_dot_rows(w, vq, vs, sel, t, min(DOT_TOKENS, t1 - t), full, dots, t - t0)
         scale = _row_scale(parts, proj, r)
-        for t in range(t0, t1):
-            dots[t - t0] = _dot_q8(w, vq, vs, sel[t], cols) * scale
-        return
-    codes, scales = _nvfp4_row(parts, proj, r, cols)
-    groups = buf[: scales.shape[0]]
-    _group_scales(scales, groups)
-    scale = _nvfp4_tensor_scale(parts, proj, r, inter)
+    else:
+        codes, scales = _nvfp4_row(parts, proj, r, cols)
+        groups = buf[: scales.shape[0]]
+        _group_scales(scales, groups)
+        for t in range(t0, t1, DOT_TOKENS):
+            nvfp4_q8_dot_rows(codes, vq, vs, sel, t, min(DOT_TOKENS, t1 - t), full, groups, dots,
+                              t - t0)  # fmt: skip
+        scale = _nvfp4_tensor_scale(parts, proj, r, inter) * np.float32(0.5)  # twice e2m1
+    if full * Q8_BLOCK < cols:
+        _int_tails(fmt, parts, proj, r, cols, buf, vq, vs, sel, t0, t1, dots)
     for t in range(t0, t1):
-        dots[t - t0] = _dot_nvfp4_q8(codes, groups, vq, vs, sel[t], cols) * scale
+        dots[t - t0] *= scale
+
+
+@jit(fastmath=True)
+def _int_tails(fmt, parts, proj, r, cols, groups, vq, vs, sel, t0, t1, dots):
+    """dots[t - t0] plus the columns past the last whole block of 32, in integers times their
+    scales (nvfp4: twice the e2m1 values, one group of 16 left, groups decoded by int_dots)."""
+    full = cols // Q8_BLOCK
+    for t in range(t0, t1):
+        row = sel[t]
+        isum = 0
+        if fmt == INT8:
+            w = carray(address(parts[proj] + r * cols), (cols,), np.int8)
+            for j in range(full * Q8_BLOCK, cols):
+                isum += np.int32(w[j]) * np.int32(vq[row, j])
+            dots[t - t0] += np.float32(isum) * vs[row, full]
+        else:
+            codes = carray(address(parts[proj] + r * (cols // 2)), (cols // 2,), np.uint8)
+            for j in range(full * Q8_BLOCK // 2, cols // 2):
+                lo, hi = E2M1_INT[codes[j] & 15], E2M1_INT[codes[j] >> 4]
+                isum += lo * np.int32(vq[row, 2 * j]) + hi * np.int32(vq[row, 2 * j + 1])
+            dots[t - t0] += np.float32(isum) * groups[2 * full] * vs[row, full]
 
 
 # -- bf16: vdpbf16ps against activations rounded to bf16 ----------------------------------------
