@@ -51,3 +51,20 @@ def test_the_h200_llamacpp_script_parses_and_refuses_an_unknown_step(tmp_path):
     assert proc.returncode == 1 and "the step is build, measure or all" in proc.stdout
     proc = subprocess.run(["bash", script, "build"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 1 and "llama.cpp-src.tar.xz" in proc.stdout
+
+
+def test_the_row_bench_times_each_format_and_token_count_on_its_kernel_path():
+    from ft.engine.cpu import layer_kernel
+
+    rows = run_script(
+        "bench_cpu_rows.py", "--tokens", "1,3,6", "--cols", "96", "--rows", "8", "--reps", "2",
+        "--repeats", "1",
+    )  # fmt: skip
+    got = {(r["format"], r["tokens"]): r for r in rows}
+    formats = ("bf16", "int8", "fp8_block", "nvfp4")
+    assert set(got) == {(f, t) for f in formats for t in (1, 3, 6)}
+    assert all(r["ns_per_row"] > 0 for r in rows)
+    # int8 experts of up to INT_DOT_TOKENS tokens take the integer dot, more the decode
+    assert layer_kernel.INT_DOT_TOKENS == 4
+    assert got["int8", 1]["path"] == got["int8", 3]["path"] == "integer"
+    assert got["int8", 6]["path"] in ("bf16", "float")
