@@ -19,8 +19,9 @@ from tests.engine import quant_ref
 
 EXPERTS = 5
 # (D, I): rows of I and of D split unevenly over 3 workers; 320 x 208 crosses fp8's 128-blocks
-# in both dims and ends mid-block; 64 x 48 is smaller than one block
-SHAPES = [(64, 48), (320, 208)]
+# in both dims and ends mid-block; 64 x 48 is smaller than one block; 256 x 384 is whole
+# 128-blocks in both (fp8_block's rows decoded in registers, e4m3_dot_rows)
+SHAPES = [(64, 48), (320, 208), (256, 384)]
 # (format, weight dtype): what the layer kernel reads
 KERNEL_CASES = [("bf16", torch.bfloat16), ("bf16", torch.float32), ("int8", None),
                 ("fp8_block", None), ("nvfp4", None)]  # fmt: skip

@@ -459,6 +459,31 @@ def _bf16_block(builder, acc, wv, xv):
 # The row dot's scalings: a block's products as they are, times one scale per 4 blocks
 # (fp8_block: 128 columns), times one per 16 columns (nvfp4's groups)
 PLAIN, PER_128, PER_16 = 0, 1, 2
+FP8_GROUP = 128  # fp8_block's columns per scale
+
+
+def _row_dot_operands(context, builder, signature, args, w_block):
+    """The pointers of a row dot's arguments (w, vb, sel, t0, n, blocks, s, dots, o): w's as
+    blocks of the vector type w_block, s's and dots' as they are, and x_row(i): token t0 + i's
+    bf16 activations (row sel[t0 + i] of vb, by its stride: no view) as <32 x i16> blocks."""
+    i64, v32i16 = ir.IntType(64), ir.VectorType(ir.IntType(16), BF16_BLOCK)
+    w_ty, vb_ty, sel_ty, _, _, _, s_ty, dots_ty, _ = signature.args
+    w, vb, sel, t0, _, _, s, dots, _ = args
+    w_ptr = builder.bitcast(context.make_array(w_ty)(context, builder, w).data,
+                            w_block.as_pointer())  # fmt: skip
+    vb_ary = context.make_array(vb_ty)(context, builder, vb)
+    row_bytes = cgutils.unpack_tuple(builder, vb_ary.strides)[0]
+    vb_base = builder.bitcast(vb_ary.data, ir.IntType(8).as_pointer())
+    sel_ptr = context.make_array(sel_ty)(context, builder, sel).data
+
+    def x_row(i):
+        row = builder.load(builder.gep(sel_ptr, [builder.add(t0, ir.Constant(i64, i))]))
+        at = builder.gep(vb_base, [builder.mul(row, row_bytes)])
+        return builder.bitcast(at, v32i16.as_pointer())
+
+    s_ptr = context.make_array(s_ty)(context, builder, s).data
+    dots_ptr = context.make_array(dots_ty)(context, builder, dots).data
+    return w_ptr, x_row, s_ptr, dots_ptr
 
 
 def _bf16_dot_rows(scaling):
@@ -468,21 +493,8 @@ def _bf16_dot_rows(scaling):
         i32, i64 = ir.IntType(32), ir.IntType(64)
         f32, f32x16 = ir.FloatType(), ir.VectorType(ir.FloatType(), 16)
         v32i16 = ir.VectorType(ir.IntType(16), BF16_BLOCK)
-        w_ty, vb_ty, sel_ty, _, _, _, s_ty, dots_ty, _ = signature.args
-        w, vb, sel, t0, n, blocks, s, dots, o = args
-        w_ptr = builder.bitcast(context.make_array(w_ty)(context, builder, w).data,
-                                v32i16.as_pointer())  # fmt: skip
-        vb_ary = context.make_array(vb_ty)(context, builder, vb)
-        row_bytes = cgutils.unpack_tuple(builder, vb_ary.strides)[0]
-        vb_base = builder.bitcast(vb_ary.data, ir.IntType(8).as_pointer())
-        sel_ptr = context.make_array(sel_ty)(context, builder, sel).data
-        s_ptr = context.make_array(s_ty)(context, builder, s).data
-        dots_ptr = context.make_array(dots_ty)(context, builder, dots).data
-
-        def x_row(i):  # token t0 + i's activations, as blocks of 32
-            row = builder.load(builder.gep(sel_ptr, [builder.add(t0, ir.Constant(i64, i))]))
-            at = builder.gep(vb_base, [builder.mul(row, row_bytes)])
-            return builder.bitcast(at, v32i16.as_pointer())
+        n, blocks, o = args[4], args[5], args[8]
+        w_ptr, x_row, s_ptr, dots_ptr = _row_dot_operands(context, builder, signature, args, v32i16)
 
         def scales(b):  # the block's per-lane scales (None: PLAIN)
             if scaling == PER_128:
@@ -547,6 +559,50 @@ def bf16_dot_rows_per_128(typingctx, w, vb, sel, t0, n, blocks, s, dots, o):
 def bf16_dot_rows_per_16(typingctx, w, vb, sel, t0, n, blocks, s, dots, o):
     """bf16_dot_rows with element j's products times s[j // 16]: nvfp4's group scales."""
     return types.void(w, vb, sel, t0, n, blocks, s, dots, o), _bf16_dot_rows(PER_16)
+
+
+@intrinsic
+def e4m3_dot_rows(typingctx, codes, vb, sel, t0, n, groups, s, dots, o):
+    """dots[o + i] = sum over g < groups of s[g] * (the dot of the e4m3 codes [128 g, 128 g +
+    128) and vb[sel[t0 + i]] there), float32, for i < n (1 to DOT_TOKENS): fp8_block's row
+    decoded in registers (_e4m3_bf16, AVX512-BW) and dotted by vdpbf16ps, its scale applied once
+    per 128 columns; no decoded copy of the row is written. codes uint8, vb bf16 bits."""
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        f32x16, v32i8 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(8), 32)
+        n, groups, o = args[4], args[5], args[8]
+        c_ptr, x_row, s_ptr, dots_ptr = _row_dot_operands(context, builder, signature, args, v32i8)
+        per_group = FP8_GROUP // BF16_BLOCK
+
+        def dot_rows(tokens):
+            chains = max(1, BF16_CHAINS // tokens)
+            xs = [x_row(i) for i in range(tokens)]
+            accs = [[cgutils.alloca_once_value(builder, _const(f32x16, 0.0))
+                     for _ in range(chains)] for _ in range(tokens)]  # fmt: skip
+
+            def add_group(g, c):
+                sums = [_const(f32x16, 0.0)] * tokens
+                for j in range(per_group):
+                    b = builder.add(builder.mul(g, ir.Constant(i64, per_group)),
+                                    ir.Constant(i64, j))  # fmt: skip
+                    wv = _e4m3_bf16(builder, builder.load(builder.gep(c_ptr, [b]), align=1))
+                    for i in range(tokens):
+                        xv = builder.load(builder.gep(xs[i], [b]), align=2)
+                        sums[i] = _bf16_block(builder, sums[i], wv, xv)
+                one = builder.load(builder.gep(s_ptr, [g]))
+                scale = _lanes(builder, builder.insert_element(
+                    ir.Constant(f32x16, None), one, ir.Constant(i32, 0)), [0] * 16)  # fmt: skip
+                for i in range(tokens):
+                    _add_scaled(builder, accs[i][c], sums[i], scale)
+
+            _chained_blocks(builder, groups, chains, add_group)
+            _store_dots(builder, dots_ptr, o, accs)
+
+        _by_token_count(builder, n, dot_rows)
+        return context.get_dummy_value()
+
+    return types.void(codes, vb, sel, t0, n, groups, s, dots, o), codegen
 
 
 # -- rows decoded 32 elements at a time, to bf16 bits (exact: every value the formats hold fits
@@ -621,8 +677,13 @@ def _e4m3_bf16(builder, codes):
     b = builder.zext(codes, v32i16)
     mag = builder.and_(b, c(0x7F))
     normal = builder.add(builder.shl(mag, c(4)), c(120 << 7))
-    table = ir.Constant(v32i16, _E4M3_SUBNORMAL_BF16 + [0] * 24)
-    small = _call(builder, "llvm.x86.avx512.permvar.hi.512", v32i16, [table, mag])
+    if AVX512BW:
+        table = ir.Constant(v32i16, _E4M3_SUBNORMAL_BF16 + [0] * 24)
+        small = _call(builder, "llvm.x86.avx512.permvar.hi.512", v32i16, [table, mag])
+    else:  # generic IR's selects (this compiles everywhere; only AVX512-BW hosts run it)
+        small = c(0)
+        for m, bits in enumerate(_E4M3_SUBNORMAL_BF16):
+            small = builder.select(builder.icmp_unsigned("==", mag, c(m)), c(bits), small)
     bits = builder.select(builder.icmp_unsigned("<", mag, c(8)), small, normal)
     return builder.or_(bits, builder.shl(builder.and_(b, c(0x80)), c(8)))
 

@@ -41,6 +41,7 @@ from numba.extending import overload
 from ft.engine.cpu.intrinsics import (
     AVX2,
     AVX512BF16,
+    AVX512BW,
     BF16_BLOCK,
     DOT_TOKENS,
     E2M1_X2,
@@ -56,6 +57,7 @@ from ft.engine.cpu.intrinsics import (
     decode_e2m1_bf16,
     decode_e4m3,
     decode_int8,
+    e4m3_dot_rows,
     e4m3_value,
     f32_of_bits,
     nvfp4_q8_dot_rows,
@@ -72,6 +74,9 @@ INT_DOT_TOKENS = DOT_TOKENS
 # Formats the kernel reads (the plan's FMT word).
 F32, BF16, INT8, FP8, NVFP4 = 0, 1, 2, 3, 4
 FP8_BLOCK, NVFP4_GROUP = 128, 16
+# fp8_block rows of whole 128-column blocks are decoded in registers and dotted there
+# (e4m3_dot_rows), their block scale applied once per 128 columns: vpermw needs AVX512-BW
+FUSED_E4M3 = AVX512BW
 # e2m1's values by code (sign, 2 exponent bits of bias 1, 1 mantissa bit)
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 E2M1_INT = np.array(E2M1_X2, np.int32)  # twice E2M1: the integer dot's
@@ -400,6 +405,13 @@ def bf16_dots(fmt, parts, proj, r, cols, inter, wb, groups, vb, sel, t0, t1, dot
             bf16_dot_rows(w, vb, sel, t, min(DOT_TOKENS, t1 - t), full, groups, dots, t - t0)
         if full * BF16_BLOCK < cols:
             _bf16_tails(fmt, w, groups, vb, sel, t0, t1, cols, dots)
+        return
+    if fmt == FP8 and FUSED_E4M3 and cols % FP8_BLOCK == 0:
+        codes = carray(address(parts[proj] + r * cols), (cols,), np.uint8)
+        scales = _fp8_scales(parts, proj, r, cols, inter)  # no refcount
+        for t in range(t0, t1, DOT_TOKENS):
+            n = min(DOT_TOKENS, t1 - t)
+            e4m3_dot_rows(codes, vb, sel, t, n, cols // FP8_BLOCK, scales, dots, t - t0)
         return
     scale = _decode_bf16_row(fmt, parts, proj, r, cols, inter, wb, groups)
     if fmt == FP8:
