@@ -221,8 +221,9 @@ def _block_sums(builder, weights, xv):
 
 
 def _chained_blocks(builder, blocks, chains, add_block):
-    """add_block(b, b % chains) for b < blocks (an i64 value): `chains` independent
-    accumulators, so that a block's multiply-add does not wait for the one before it."""
+    """add_block(b, c) for b < blocks (an i64 value), c the accumulator: b % chains for the
+    whole rounds of `chains` blocks, 0 for the blocks after them. Independent accumulators, so
+    that a block's multiply-add does not wait for the one before it."""
     i64 = ir.IntType(64)
     step = ir.Constant(i64, chains)
     rounds = builder.udiv(blocks, step)

@@ -264,8 +264,8 @@ def _quantize_q8(v, q, s):
 @jit()
 def integer_dot(fmt, n):
     """Whether an expert's n tokens take the integer dot: int8 weights at n <= INT_DOT_TOKENS,
-    nvfp4's on AVX2 at one token (its table decode is vpshufb; with more tokens its bf16 dot's
-    one vpermw decode a row was faster)."""
+    nvfp4's on AVX2 at one token (its table decode is vpshufb; at two to four tokens the
+    integer pass was no faster than the bf16 dot, docs/cpu-pool.md)."""
     return (fmt == INT8 and n <= INT_DOT_TOKENS) or (fmt == NVFP4 and AVX2 and n == 1)
 
 
