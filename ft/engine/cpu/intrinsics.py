@@ -220,6 +220,30 @@ def _block_sums(builder, weights, xv):
     return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
 
 
+def _splat(builder, value, lanes):
+    """<lanes x float> of the float `value` in every lane."""
+    vec = ir.VectorType(value.type, lanes)
+    one = builder.insert_element(ir.Constant(vec, None), value, ir.Constant(ir.IntType(32), 0))
+    return _lanes(builder, one, [0] * lanes)
+
+
+def _selected_row(builder, ary, sel_ptr, t0, i):
+    """An i8 pointer to row sel[t0 + i] of the 2-D array `ary` (a made array), by its stride: no
+    view made (a view in numba code is two atomic reference counts, as much as a short dot)."""
+    i64 = ir.IntType(64)
+    row = builder.load(builder.gep(sel_ptr, [builder.add(t0, ir.Constant(i64, i))]))
+    stride = cgutils.unpack_tuple(builder, ary.strides)[0]
+    base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+    return builder.gep(base, [builder.mul(row, stride)])
+
+
+def _accumulators(builder, vec, tokens, chains):
+    """accs[i][c]: `chains` zeroed float vector accumulators (allocas of type vec) per token."""
+    zero = _const(vec, 0.0)
+    return [[cgutils.alloca_once_value(builder, zero) for _ in range(chains)]
+            for _ in range(tokens)]  # fmt: skip
+
+
 def _chained_blocks(builder, blocks, chains, add_block):
     """add_block(b, c) for b < blocks (an i64 value), c the accumulator: b % chains for the
     whole rounds of `chains` blocks, 0 for the blocks after them. Independent accumulators, so
@@ -281,30 +305,23 @@ def _int_dot_rows(context, builder, signature, args, weights, block_scales):
     _signed_weights of its <32 x i8> values, once; per token i (x row sel[t0 + i]):
     _block_sums, to float, times block_scales(b, x_scale) (<8 x float>), into `chains`
     accumulators; dots[o + i] = their horizontal sum."""
-    i64 = ir.IntType(64)
     f32x8, v32i8 = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.IntType(8), 32)
     x, xs, sel, t0, n, blocks = args[1:7]
     dots, o = args[-2], args[-1]
     x_ary = context.make_array(signature.args[1])(context, builder, x)
-    xs_ary = context.make_array(signature.args[2])(context, builder, xs)  # rows by stride: no
-    # view made (a view in numba code is two atomic reference counts, as much as a short dot)
+    xs_ary = context.make_array(signature.args[2])(context, builder, xs)
     sel_ptr = context.make_array(signature.args[3])(context, builder, sel).data
     dots_ptr = context.make_array(signature.args[-2])(context, builder, dots).data
 
-    def row_of(ary, i):  # the data pointer of row sel[t0 + i] of a 2-D array
-        row = builder.load(builder.gep(sel_ptr, [builder.add(t0, ir.Constant(i64, i))]))
-        stride = cgutils.unpack_tuple(builder, ary.strides)[0]
-        base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
-        return builder.gep(base, [builder.mul(row, stride)])
-
     def dot_rows(tokens):
         chains = max(1, Q8_CHAINS // tokens)
-        xrows = [builder.bitcast(row_of(x_ary, i), v32i8.as_pointer()) for i in range(tokens)]
-        srows = [builder.bitcast(row_of(xs_ary, i), ir.FloatType().as_pointer())
-                 for i in range(tokens)]  # fmt: skip
-        zero = ir.Constant(f32x8, [0.0] * 8)
-        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(chains)]
-                for _ in range(tokens)]  # fmt: skip
+        xrows, srows = [], []
+        for i in range(tokens):
+            x_row = _selected_row(builder, x_ary, sel_ptr, t0, i)
+            xrows.append(builder.bitcast(x_row, v32i8.as_pointer()))
+            s_row = _selected_row(builder, xs_ary, sel_ptr, t0, i)
+            srows.append(builder.bitcast(s_row, ir.FloatType().as_pointer()))
+        accs = _accumulators(builder, f32x8, tokens, chains)
 
         def add_block(b, c):
             wts = weights(b)
@@ -337,7 +354,6 @@ def q8_dot_rows(typingctx, w, x, xs, sel, t0, n, blocks, dots, o):
     block's scale (the shape of llama.cpp's Q8_0 dot)."""
 
     def codegen(context, builder, signature, args):
-        i32, f32x8 = ir.IntType(32), ir.VectorType(ir.FloatType(), 8)
         (w_ptr,) = _data(context, builder, signature, args, 1)
         w_ptr = builder.bitcast(w_ptr, ir.VectorType(ir.IntType(8), Q8_BLOCK).as_pointer())
 
@@ -345,8 +361,7 @@ def q8_dot_rows(typingctx, w, x, xs, sel, t0, n, blocks, dots, o):
             return _signed_weights(builder, builder.load(builder.gep(w_ptr, [b]), align=1))
 
         def block_scales(b, x_scale):
-            one = builder.insert_element(ir.Constant(f32x8, None), x_scale, ir.Constant(i32, 0))
-            return _lanes(builder, one, [0] * 8)
+            return _splat(builder, x_scale, 8)
 
         return _int_dot_rows(context, builder, signature, args, weights, block_scales)
 
@@ -407,9 +422,7 @@ def nvfp4_q8_dot_rows(typingctx, w, x, xs, sel, t0, n, blocks, gs, dots, o):
 
         def block_scales(b, x_scale):
             groups = builder.load(builder.gep(gs_ptr, [b]), align=4)  # <2 x float>
-            pair = _fast(builder.fmul(groups, _lanes(builder, builder.insert_element(
-                ir.Constant(groups.type, None), x_scale, ir.Constant(ir.IntType(32), 0)),
-                [0, 0])))  # fmt: skip
+            pair = _fast(builder.fmul(groups, _splat(builder, x_scale, 2)))
             return _lanes(builder, pair, [0] * 4 + [1] * 4)
 
         return _int_dot_rows(context, builder, signature, args, weights, block_scales)
@@ -460,27 +473,23 @@ def _bf16_block(builder, acc, wv, xv):
 # The row dot's scalings: a block's products as they are, times one scale per 4 blocks
 # (fp8_block: 128 columns), times one per 16 columns (nvfp4's groups)
 PLAIN, PER_128, PER_16 = 0, 1, 2
-FP8_GROUP = 128  # fp8_block's columns per scale
+FP8_BLOCK = 128  # fp8_block's columns per scale
 
 
 def _row_dot_operands(context, builder, signature, args, w_block):
     """The pointers of a row dot's arguments (w, vb, sel, t0, n, blocks, s, dots, o): w's as
     blocks of the vector type w_block, s's and dots' as they are, and x_row(i): token t0 + i's
     bf16 activations (row sel[t0 + i] of vb, by its stride: no view) as <32 x i16> blocks."""
-    i64, v32i16 = ir.IntType(64), ir.VectorType(ir.IntType(16), BF16_BLOCK)
+    v32i16 = ir.VectorType(ir.IntType(16), BF16_BLOCK)
     w_ty, vb_ty, sel_ty, _, _, _, s_ty, dots_ty, _ = signature.args
     w, vb, sel, t0, _, _, s, dots, _ = args
     w_ptr = builder.bitcast(context.make_array(w_ty)(context, builder, w).data,
                             w_block.as_pointer())  # fmt: skip
     vb_ary = context.make_array(vb_ty)(context, builder, vb)
-    row_bytes = cgutils.unpack_tuple(builder, vb_ary.strides)[0]
-    vb_base = builder.bitcast(vb_ary.data, ir.IntType(8).as_pointer())
     sel_ptr = context.make_array(sel_ty)(context, builder, sel).data
 
     def x_row(i):
-        row = builder.load(builder.gep(sel_ptr, [builder.add(t0, ir.Constant(i64, i))]))
-        at = builder.gep(vb_base, [builder.mul(row, row_bytes)])
-        return builder.bitcast(at, v32i16.as_pointer())
+        return builder.bitcast(_selected_row(builder, vb_ary, sel_ptr, t0, i), v32i16.as_pointer())
 
     s_ptr = context.make_array(s_ty)(context, builder, s).data
     dots_ptr = context.make_array(dots_ty)(context, builder, dots).data
@@ -491,7 +500,7 @@ def _bf16_dot_rows(scaling):
     """codegen of bf16_dot_rows for one scaling."""
 
     def codegen(context, builder, signature, args):
-        i32, i64 = ir.IntType(32), ir.IntType(64)
+        i64 = ir.IntType(64)
         f32, f32x16 = ir.FloatType(), ir.VectorType(ir.FloatType(), 16)
         v32i16 = ir.VectorType(ir.IntType(16), BF16_BLOCK)
         n, blocks, o = args[4], args[5], args[8]
@@ -499,12 +508,9 @@ def _bf16_dot_rows(scaling):
 
         def scales(b):  # the block's per-lane scales (None: PLAIN)
             if scaling == PER_128:
-                one = builder.load(builder.gep(s_ptr, [builder.udiv(b, ir.Constant(i64, 4))]))
-                return _lanes(
-                    builder,
-                    builder.insert_element(ir.Constant(f32x16, None), one, ir.Constant(i32, 0)),
-                    [0] * 16,
-                )
+                per_scale = ir.Constant(i64, FP8_BLOCK // BF16_BLOCK)
+                one = builder.load(builder.gep(s_ptr, [builder.udiv(b, per_scale)]))
+                return _splat(builder, one, 16)
             if scaling == PER_16:  # vdpbf16ps's lane L sums elements 2L, 2L + 1: lanes 0-7 are
                 pairs = builder.bitcast(s_ptr, ir.VectorType(f32, 2).as_pointer())  # group 2b
                 pair = builder.load(builder.gep(pairs, [b]), align=4)
@@ -516,8 +522,7 @@ def _bf16_dot_rows(scaling):
             accumulators (a vdpbf16ps waits ~5 cycles on its accumulator)."""
             chains = max(1, BF16_CHAINS // tokens)
             xs = [x_row(i) for i in range(tokens)]
-            accs = [[cgutils.alloca_once_value(builder, _const(f32x16, 0.0))
-                     for _ in range(chains)] for _ in range(tokens)]  # fmt: skip
+            accs = _accumulators(builder, f32x16, tokens, chains)
 
             def add_block(b, c):
                 wv = builder.load(builder.gep(w_ptr, [b]), align=2)
@@ -570,17 +575,16 @@ def e4m3_dot_rows(typingctx, codes, vb, sel, t0, n, groups, s, dots, o):
     per 128 columns; no decoded copy of the row is written. codes uint8, vb bf16 bits."""
 
     def codegen(context, builder, signature, args):
-        i32, i64 = ir.IntType(32), ir.IntType(64)
+        i64 = ir.IntType(64)
         f32x16, v32i8 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(8), 32)
         n, groups, o = args[4], args[5], args[8]
         c_ptr, x_row, s_ptr, dots_ptr = _row_dot_operands(context, builder, signature, args, v32i8)
-        per_group = FP8_GROUP // BF16_BLOCK
+        per_group = FP8_BLOCK // BF16_BLOCK
 
         def dot_rows(tokens):
             chains = max(1, BF16_CHAINS // tokens)
             xs = [x_row(i) for i in range(tokens)]
-            accs = [[cgutils.alloca_once_value(builder, _const(f32x16, 0.0))
-                     for _ in range(chains)] for _ in range(tokens)]  # fmt: skip
+            accs = _accumulators(builder, f32x16, tokens, chains)
 
             def add_group(g, c):
                 sums = [_const(f32x16, 0.0)] * tokens
@@ -591,9 +595,7 @@ def e4m3_dot_rows(typingctx, codes, vb, sel, t0, n, groups, s, dots, o):
                     for i in range(tokens):
                         xv = builder.load(builder.gep(xs[i], [b]), align=2)
                         sums[i] = _bf16_block(builder, sums[i], wv, xv)
-                one = builder.load(builder.gep(s_ptr, [g]))
-                scale = _lanes(builder, builder.insert_element(
-                    ir.Constant(f32x16, None), one, ir.Constant(i32, 0)), [0] * 16)  # fmt: skip
+                scale = _splat(builder, builder.load(builder.gep(s_ptr, [g])), 16)
                 for i in range(tokens):
                     _add_scaled(builder, accs[i][c], sums[i], scale)
 

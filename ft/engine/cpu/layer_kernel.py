@@ -45,6 +45,7 @@ from ft.engine.cpu.intrinsics import (
     BF16_BLOCK,
     DOT_TOKENS,
     E2M1_X2,
+    FP8_BLOCK,
     Q8_BLOCK,
     address,
     atomic_add,
@@ -73,7 +74,7 @@ from ft.engine.cpu.sync import CALLER_SPIN, WORKER_SPIN, arrive, publish, wait_c
 INT_DOT_TOKENS = DOT_TOKENS
 # Formats the kernel reads (the plan's FMT word).
 F32, BF16, INT8, FP8, NVFP4 = 0, 1, 2, 3, 4
-FP8_BLOCK, NVFP4_GROUP = 128, 16
+NVFP4_GROUP = 16
 # fp8_block rows of whole 128-column blocks are decoded in registers and dotted there
 # (e4m3_dot_rows), their block scale applied once per 128 columns: vpermw needs AVX512-BW
 FUSED_E4M3 = AVX512BW
