@@ -16,11 +16,12 @@ int8 by a convert, e4m3 by bit arithmetic, e2m1 by vpshufb, 32 at a time), then 
 the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
 nvfp4's per-tensor scale) multiply the dot product, not the weights.
 int8 experts with up to four tokens in the call (INT_DOT_TOKENS), and nvfp4's of one token on
-AVX2, skip the decode: the tokens' x (and, after the barrier, their act) is rounded to int8 per
-block of 32 (llama.cpp's Q8_0), and each weight row is dotted with every token in one pass, in
-integer lanes (intrinsics.q8_dot_rows: vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2;
-nvfp4_q8_dot_rows: its codes to integers by vpshufb first), times the block scales and the
-row's scales.
+AVX2 (of up to four on AVX512-VNNI), skip the decode: the tokens' x (and, after the barrier,
+their act) is rounded to int8 per block of 32 (llama.cpp's Q8_0), and each weight row is dotted
+with every token in one pass, in integer lanes (intrinsics.q8_dot_rows: vpdpbusd, or vpmaddubsw
++ vpmaddwd on AVX2; nvfp4_q8_dot_rows: its codes to integers by vpshufb first;
+nvfp4_q8_dot_rows_wide: 64 codes an instruction, against an activation laid out for it once per
+call by _quantize_wide), times the block scales and the row's scales.
 On AVX512-BF16 hosts every other expert takes the bf16 dot (bf16_dotted): x (and act) is rounded
 to bf16 once per call (llama.cpp's vec_dot_type for bf16 weights); a bf16 row is read as it is,
 a quantised one is decoded to bf16 into L1 first (exactly; int8 by a convert, e4m3 and e2m1 in
@@ -42,11 +43,15 @@ from ft.engine.cpu.intrinsics import (
     AVX2,
     AVX512BF16,
     AVX512BW,
+    AVX512VNNI,
     BF16_BLOCK,
     DOT_TOKENS,
     E2M1_X2,
     FP8_BLOCK,
     Q8_BLOCK,
+    WIDE_BIAS,
+    WIDE_BLOCK,
+    WIDE_LANES,
     address,
     atomic_add,
     atomic_load,
@@ -62,6 +67,7 @@ from ft.engine.cpu.intrinsics import (
     e4m3_value,
     f32_of_bits,
     nvfp4_q8_dot_rows,
+    nvfp4_q8_dot_rows_wide,
     q8_dot_rows,
 )
 from ft.engine.cpu.jit import jit
@@ -262,16 +268,72 @@ def _quantize_q8(v, q, s):
         s[b] = _round_q8(v[lo:hi], q[lo:hi], _amax(v[lo:hi]))
 
 
+@jit(fastmath=True)
+def _quantize_wide(v, q, s, c):
+    """v [n] (n a multiple of WIDE_BLOCK) in nvfp4's wide layout (nvfp4_q8_dot_rows_wide):
+    rounded as _quantize_q8, then per 64 elements q = the codes of its even elements, then of its
+    odd ones; per lane of the block's dot (4 bytes of q), s = the scale of the 32-block its
+    elements lie in and c = -WIDE_BIAS times the sum of its 4 codes."""
+    n = v.shape[0]
+    lin, scales = np.empty(WIDE_BLOCK, np.int8), np.empty(n // Q8_BLOCK, np.float32)
+    _quantize_q8(v, q, scales)
+    for b in range(n // WIDE_BLOCK):
+        block, lanes = q[b * WIDE_BLOCK : (b + 1) * WIDE_BLOCK], b * WIDE_LANES
+        lin[:] = block
+        for p in range(WIDE_BLOCK // 2):
+            block[p], block[WIDE_BLOCK // 2 + p] = lin[2 * p], lin[2 * p + 1]
+        for lane in range(WIDE_LANES):
+            s[lanes + lane] = scales[2 * b + (lane % 8) // 4]
+            total = 0
+            for j in range(4 * lane, 4 * lane + 4):
+                total += np.int32(block[j])
+            c[lanes + lane] = -WIDE_BIAS * total
+
+
+@jit()
+def wide_dot(fmt, cols):
+    """Whether rows of `cols` columns of `fmt` take nvfp4's wide integer dot (its activation then
+    laid out by _quantize_wide): nvfp4 on AVX512-VNNI hosts, whole wide blocks."""
+    return fmt == NVFP4 and AVX512VNNI and cols % WIDE_BLOCK == 0
+
+
+@jit()
+def quantized_act(fmt, rows, cols):
+    """Arrays for `rows` activation rows of `cols` quantised for the integer dot: (codes, scales,
+    the wide layout's lane starts: no rows unless wide_dot)."""
+    if wide_dot(fmt, cols):
+        return (np.empty((rows, cols), np.int8), np.empty((rows, cols // 4), np.float32),
+                np.empty((rows, cols // 4), np.int32))  # fmt: skip
+    return (np.empty((rows, cols), np.int8),
+            np.empty((rows, (cols + Q8_BLOCK - 1) // Q8_BLOCK), np.float32),
+            np.empty((rows, 0), np.int32))  # fmt: skip
+
+
+@jit()
+def quantize_act(fmt, v, q, s, c):
+    """The activation row v quantised for the integer dot into q, s (and c): _quantize_wide where
+    wide_dot, else _quantize_q8."""
+    if wide_dot(fmt, v.shape[0]):
+        _quantize_wide(v, q, s, c)
+    else:
+        _quantize_q8(v, q, s)
+
+
 @jit()
 def integer_dot(fmt, n):
-    """Whether an expert's n tokens take the integer dot: int8 weights at n <= INT_DOT_TOKENS,
-    nvfp4's on AVX2 at one token (its table decode is vpshufb; at two to four tokens the
-    integer pass was no faster than the bf16 dot, docs/cpu-pool.md)."""
-    return (fmt == INT8 and n <= INT_DOT_TOKENS) or (fmt == NVFP4 and AVX2 and n == 1)
+    """Whether an expert's n tokens take the integer dot: int8 weights at n <= INT_DOT_TOKENS;
+    nvfp4's on AVX2 at one token, on AVX512-VNNI (the wide dot) at up to DOT_TOKENS. nvfp4 rows
+    of 2048 from L2 on one Zen 4 core, against the bf16 dot: one token 133 -> 92-98 ns (the
+    narrow integer dot before it), two 170-177 -> 123-124, four 239-268 -> 201-218; at eight it
+    lost (607-668 against 432-459). On AVX2 alone two to four tokens in one integer pass were
+    no faster than the bf16 dot (docs/cpu-pool.md)."""
+    if fmt == INT8:
+        return n <= INT_DOT_TOKENS
+    return fmt == NVFP4 and AVX2 and (n == 1 or (AVX512VNNI and n <= DOT_TOKENS))
 
 
 @jit(fastmath=True, inline="always")  # as bf16_dots
-def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
+def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, vc, sel, t0, t1, dots):
     """dots[t - t0] = (row r of projection `proj`) . v[sel[t]] for t in [t0, t1), v quantised
     by _quantize_q8 (vq, vs): the row's codes dotted as integers, up to DOT_TOKENS tokens a pass
     over the row, times its scales (int8: the row's; nvfp4: its groups', decoded once into buf,
@@ -286,9 +348,14 @@ def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, sel, t0, t1, dots):
         codes, scales = _nvfp4_row(parts, proj, r, cols)
         groups = buf[: scales.shape[0]]
         _group_scales(scales, groups)
+        wide = wide_dot(fmt, cols)
         for t in range(t0, t1, DOT_TOKENS):
-            nvfp4_q8_dot_rows(codes, vq, vs, sel, t, min(DOT_TOKENS, t1 - t), full, groups, dots,
-                              t - t0)  # fmt: skip
+            n = min(DOT_TOKENS, t1 - t)
+            if wide:
+                nvfp4_q8_dot_rows_wide(codes, vq, vs, vc, sel, t, n, cols // WIDE_BLOCK, groups,
+                                       dots, t - t0)  # fmt: skip
+            else:
+                nvfp4_q8_dot_rows(codes, vq, vs, sel, t, n, full, groups, dots, t - t0)
         scale = _nvfp4_tensor_scale(parts, proj, r, inter) * np.float32(0.5)  # twice e2m1
     if full * Q8_BLOCK < cols:
         _int_tails(fmt, parts, proj, r, cols, buf, vq, vs, sel, t0, t1, dots)
@@ -487,14 +554,12 @@ def run_call(plan, worker, ctrl, gen):
     # block; each worker quantises its own copy of the rows they read (a few KiB per token,
     # against MiBs of weights per call: no barrier to share them)
     qx, qa = (tokens, max(pairs, 1)) if integer_dot(fmt, 1) else (0, 0)
-    xq = np.empty((qx, hidden), np.int8)
-    xs = np.empty((qx, (hidden + Q8_BLOCK - 1) // Q8_BLOCK), np.float32)
-    aq = np.empty((qa, inter), np.int8)
-    as_ = np.empty((qa, (inter + Q8_BLOCK - 1) // Q8_BLOCK), np.float32)
+    xq, xs, xc = quantized_act(fmt, qx, hidden)
+    aq, as_, ac = quantized_act(fmt, qa, inter)
     for e in range(k):
         if integer_dot(fmt, starts[e + 1] - starts[e]):
             for t in range(starts[e], starts[e + 1]):
-                _quantize_q8(x[rows[t]], xq[rows[t]], xs[rows[t]])
+                quantize_act(fmt, x[rows[t]], xq[rows[t]], xs[rows[t]], xc[rows[t]])
     # bf16 experts on AVX512-BF16 (bf16_dotted): x and act rounded to bf16, likewise per worker
     bx, ba = (tokens, pairs) if bf16_dotted(fmt) else (0, 0)
     xb = np.empty((bx, hidden), np.uint16)
@@ -508,11 +573,11 @@ def run_call(plan, worker, ctrl, gen):
         t0, t1 = starts[e], starts[e + 1]
         if integer_dot(fmt, t1 - t0):
             for i in range(i0, i1):
-                int_dots(fmt, parts, W13, i, hidden, inter, buf, xq, xs, rows, t0, t1, dots)
+                int_dots(fmt, parts, W13, i, hidden, inter, buf, xq, xs, xc, rows, t0, t1, dots)
                 for t in range(t0, t1):
                     act[t, i] = dots[t - t0]  # gate
-                int_dots(fmt, parts, W13, inter + i, hidden, inter, buf, xq, xs, rows, t0, t1,
-                         dots)  # fmt: skip
+                int_dots(fmt, parts, W13, inter + i, hidden, inter, buf, xq, xs, xc, rows, t0,
+                         t1, dots)  # fmt: skip
                 for t in range(t0, t1):
                     act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
             continue
@@ -540,7 +605,7 @@ def run_call(plan, worker, ctrl, gen):
     for e in range(k):
         if integer_dot(fmt, starts[e + 1] - starts[e]):
             for t in range(starts[e], starts[e + 1]):
-                _quantize_q8(act[t], aq[t], as_[t])
+                quantize_act(fmt, act[t], aq[t], as_[t], ac[t])
     for t in range(ba):
         _to_bf16(act[t], ab[t])
 
@@ -553,7 +618,7 @@ def run_call(plan, worker, ctrl, gen):
         t0, t1 = starts[e], starts[e + 1]
         if integer_dot(fmt, t1 - t0):
             for d in range(d0, d1):
-                int_dots(fmt, parts, W2, d, inter, inter, buf, aq, as_, same, t0, t1, dots)
+                int_dots(fmt, parts, W2, d, inter, inter, buf, aq, as_, ac, same, t0, t1, dots)
                 for t in range(t0, t1):
                     out[rows[t], d] += dots[t - t0]
             continue
