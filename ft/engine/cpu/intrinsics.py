@@ -435,78 +435,91 @@ def nvfp4_q8_dot_rows(typingctx, w, x, xs, sel, t0, n, blocks, gs, dots, o):
     return types.void(w, x, xs, sel, t0, n, blocks, gs, dots, o), codegen
 
 
-# nvfp4's wide integer dot (AVX512-VNNI and -BW: Ice Lake, Sapphire Rapids, Zen 4): 64 elements
-# an instruction. The activation is laid out for it once per call (layer_kernel._quantize_wide),
-# so that a row needs no shuffle: per 64 elements its codes' low nibbles (the even elements) then
-# its high nibbles (the odd ones), the activation's bytes in that order; the weights are the
-# unsigned twice-e2m1 + WIDE_BIAS (0..24: vpdpbusd multiplies unsigned by signed bytes, no sign
-# moved onto x per token), and each lane's sum starts from -WIDE_BIAS times the sum of its four
-# activation bytes, which leaves it exact.
+# nvfp4's wide integer dot: one block of WIDE_BLOCK elements an instruction, 64 with AVX512-VNNI
+# and -BW (Ice Lake, Sapphire Rapids, Zen 4), 32 with AVX2. The activation is laid out for it once
+# per call (layer_kernel._quantize_wide), so that a row needs no shuffle: per block its codes'
+# low nibbles (the even elements) then its high nibbles (the odd ones), the activation's bytes in
+# that order; the weights are the unsigned twice-e2m1 + WIDE_BIAS (0..24: x86 multiplies unsigned
+# by signed bytes, so no sign is moved onto x per token), and each lane's sum starts from
+# -WIDE_BIAS times the sum of its four activation bytes, which leaves it exact.
 AVX512VNNI = bool(_TARGET.get("avx512vnni") and _TARGET.get("avx512bw"))
-WIDE_BLOCK = 64  # elements per wide block: 32 code bytes, 4 groups, 2 activation blocks
-WIDE_LANES = 16  # int32 lanes of a wide block's dot, 4 bytes each
+WIDE_BLOCK = 64 if AVX512VNNI else 32  # elements a block: half as many code bytes
+WIDE_LANES = WIDE_BLOCK // 4  # int32 lanes of a block's dot, 4 bytes each
 WIDE_BIAS = 12  # -min(twice e2m1)
-# a lane's group within its wide block: lanes 0-7 hold the even elements 8l .. 8l + 6, lanes
-# 8-15 the odd ones; group g (16 elements) is lanes 2g, 2g + 1 and 8 + 2g, 9 + 2g
-WIDE_LANE_GROUP = [(lane % 8) // 2 for lane in range(WIDE_LANES)]
+# lane l's 16-column group and 32-column activation block within its block: the first half of
+# the lanes hold the even elements 8l .. 8l + 6, the second half the odd ones
+WIDE_LANE_GROUP = tuple((lane % (WIDE_LANES // 2)) // 2 for lane in range(WIDE_LANES))
+WIDE_LANE_Q8 = tuple((lane % (WIDE_LANES // 2)) // 4 for lane in range(WIDE_LANES))
 
 
 def _wide_weights(builder, packed, table):
-    """<64 x i8> unsigned twice-e2m1 + WIDE_BIAS of 32 packed code bytes: the low nibbles, then
-    the high ones; vpshufb from `table` (AVX512-BW), generic arithmetic elsewhere (it compiles
-    everywhere; only AVX512-VNNI hosts run it)."""
-    v32i8, v64i8 = packed.type, ir.VectorType(ir.IntType(8), 64)
-    both = ir.Constant(ir.VectorType(ir.IntType(32), 64), list(range(64)))  # low, then high
-    nibbles = builder.shuffle_vector(packed, builder.lshr(packed, _const(v32i8, 4)), both)
-    codes = builder.and_(nibbles, _const(v64i8, 15))
+    """<WIDE_BLOCK x i8> unsigned twice-e2m1 + WIDE_BIAS of WIDE_BLOCK / 2 packed code bytes: the
+    low nibbles, then the high ones; vpshufb from `table` (AVX2 or AVX512-BW), generic arithmetic
+    elsewhere (it compiles everywhere; only AVX2 hosts run it)."""
+    half = packed.type
+    vec = ir.VectorType(ir.IntType(8), 2 * half.count)
+    both = ir.Constant(ir.VectorType(ir.IntType(32), vec.count), list(range(vec.count)))
+    nibbles = builder.shuffle_vector(packed, builder.lshr(packed, _const(half, 4)), both)
+    codes = builder.and_(nibbles, _const(vec, 15))
     if AVX512VNNI:
-        return _call(builder, "llvm.x86.avx512.pshuf.b.512", v64i8, [table, codes])
-    return builder.add(_e2m1_x2_arithmetic(builder, codes), _const(v64i8, WIDE_BIAS))
+        return _call(builder, "llvm.x86.avx512.pshuf.b.512", vec, [table, codes])
+    if AVX2:
+        return _call(builder, "llvm.x86.avx2.pshuf.b", vec, [table, codes])
+    return builder.add(_e2m1_x2_arithmetic(builder, codes), _const(vec, WIDE_BIAS))
 
 
 def _wide_sums(builder, start, weights, xv):
-    """<16 x i32>: start plus, per lane, the sum of 4 neighbouring products of the unsigned
-    weights and the signed xv (<64 x i8> each): vpdpbusd, generic IR elsewhere."""
-    v16i32 = start.type
+    """<WIDE_LANES x i32>: start plus, per lane, the sum of 4 neighbouring products of the
+    unsigned weights and the signed xv: vpdpbusd (AVX512-VNNI, or AVX-VNNI at 32), AVX2's
+    vpmaddubsw + vpmaddwd (no 16-bit sum saturates: 2 * 24 * 127 < 2^15), generic IR elsewhere."""
+    lanes = start.type
     if AVX512VNNI:
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", v16i32, [start, weights, xv])
-    wide = ir.VectorType(ir.IntType(32), 64)
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", lanes, [start, weights, xv])
+    if VNNI:
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", lanes, [start, weights, xv])
+    if AVX2:
+        v16i16 = ir.VectorType(ir.IntType(16), 16)
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [weights, xv])
+        quads = _call(builder, "llvm.x86.avx2.pmadd.wd", lanes, [pairs, _const(v16i16, 1)])
+        return builder.add(start, quads)
+    wide = ir.VectorType(ir.IntType(32), xv.type.count)
     prod = builder.mul(builder.zext(weights, wide), builder.sext(xv, wide))
-    quarters = [_lanes(builder, prod, range(q, 64, 4)) for q in range(4)]
+    quarters = [_lanes(builder, prod, range(q, xv.type.count, 4)) for q in range(4)]
     sums = builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
     return builder.add(start, sums)
 
 
 @intrinsic
 def nvfp4_q8_dot_rows_wide(typingctx, w, x, xs, xc, sel, t0, n, blocks, gs, dots, o):
-    """nvfp4_q8_dot_rows, 64 elements an instruction: dots[o + i] = sum over wide blocks b <
-    blocks of the twice-e2m1 codes of w times the activation row r = sel[t0 + i], in integers per
-    lane, times its group's scale gs[4 b + WIDE_LANE_GROUP[lane]] and the lane's activation scale
-    xs[r, 16 b + lane]. x int8 [T, C], xs float32 [T, C / 4], xc int32 [T, C / 4]: the
-    activation in the wide layout (layer_kernel._quantize_wide); w uint8 [C / 2], two codes a
-    byte (element 2j low nibble); gs float32 [C / 16]."""
+    """nvfp4_q8_dot_rows, a block of WIDE_BLOCK elements an instruction: dots[o + i] = sum over
+    blocks b < blocks of the twice-e2m1 codes of w times the activation row r = sel[t0 + i], in
+    integers per lane, times its group's scale gs[b * WIDE_BLOCK / 16 + WIDE_LANE_GROUP[lane]]
+    and the lane's activation scale xs[r, b * WIDE_LANES + lane]. x int8 [T, C], xs float32
+    [T, C / 4], xc int32 [T, C / 4]: the activation in the wide layout
+    (layer_kernel._quantize_wide); w uint8 [C / 2], two codes a byte (element 2j low nibble); gs
+    float32 [C / 16]."""
 
     def codegen(context, builder, signature, args):
         i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-        v32i8, v64i8 = ir.VectorType(i8, 32), ir.VectorType(i8, 64)
-        v16i32, f32x16 = ir.VectorType(i32, WIDE_LANES), ir.VectorType(f32, WIDE_LANES)
+        packed, block = ir.VectorType(i8, WIDE_BLOCK // 2), ir.VectorType(i8, WIDE_BLOCK)
+        lanes_i32, lanes_f32 = ir.VectorType(i32, WIDE_LANES), ir.VectorType(f32, WIDE_LANES)
         t0, n, blocks, o = args[5], args[6], args[7], args[10]
         w, x, xs, xc, sel, gs, dots = (context.make_array(signature.args[j])(context, builder,
                                        args[j]) for j in (0, 1, 2, 3, 4, 8, 9))  # fmt: skip
-        w_ptr = builder.bitcast(w.data, v32i8.as_pointer())
-        gs_ptr = builder.bitcast(gs.data, ir.VectorType(f32, 4).as_pointer())
+        w_ptr = builder.bitcast(w.data, packed.as_pointer())
+        gs_ptr = builder.bitcast(gs.data, ir.VectorType(f32, WIDE_BLOCK // 16).as_pointer())
         dots_ptr, sel_ptr, arrays = dots.data, sel.data, (x, xs, xc)
-        table = ir.Constant(v64i8, [v + WIDE_BIAS for v in E2M1_X2] * 4)  # each 128-bit lane
+        table = ir.Constant(block, [v + WIDE_BIAS for v in E2M1_X2] * (WIDE_BLOCK // 16))
 
         def dot_rows(tokens):
             chains = max(1, Q8_CHAINS // tokens)
             rows = []
             for i in range(tokens):
                 x_row, s_row, c_row = (_selected_row(builder, a, sel_ptr, t0, i) for a in arrays)
-                rows.append((builder.bitcast(x_row, v64i8.as_pointer()),
-                             builder.bitcast(s_row, f32x16.as_pointer()),
-                             builder.bitcast(c_row, v16i32.as_pointer())))  # fmt: skip
-            accs = _accumulators(builder, f32x16, tokens, chains)
+                rows.append((builder.bitcast(x_row, block.as_pointer()),
+                             builder.bitcast(s_row, lanes_f32.as_pointer()),
+                             builder.bitcast(c_row, lanes_i32.as_pointer())))  # fmt: skip
+            accs = _accumulators(builder, lanes_f32, tokens, chains)
 
             def add_block(b, c):
                 wv = _wide_weights(builder, builder.load(builder.gep(w_ptr, [b]), align=1), table)
@@ -515,7 +528,7 @@ def nvfp4_q8_dot_rows_wide(typingctx, w, x, xs, xc, sel, t0, n, blocks, gs, dots
                 for i, (x_row, s_row, c_row) in enumerate(rows):
                     xv = builder.load(builder.gep(x_row, [b]), align=1)
                     start = builder.load(builder.gep(c_row, [b]), align=4)
-                    sums = builder.sitofp(_wide_sums(builder, start, wv, xv), f32x16)
+                    sums = builder.sitofp(_wide_sums(builder, start, wv, xv), lanes_f32)
                     scale = _fast(builder.fmul(gsv, builder.load(builder.gep(s_row, [b]), align=4)))
                     _add_scaled(builder, accs[i][c], sums, scale)
 

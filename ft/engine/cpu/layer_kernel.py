@@ -15,13 +15,13 @@ Per row the weights are decoded into a float32 buffer in L1 (vectorised: bf16 by
 int8 by a convert, e4m3 by bit arithmetic, e2m1 by vpshufb, 32 at a time), then dotted with each of
 the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
 nvfp4's per-tensor scale) multiply the dot product, not the weights.
-int8 experts with up to four tokens in the call (INT_DOT_TOKENS), and nvfp4's of one token on
-AVX2 (of up to four on AVX512-VNNI), skip the decode: the tokens' x (and, after the barrier,
+int8 experts with up to four tokens in the call (INT_DOT_TOKENS), and nvfp4's of up to
+NVFP4_INT_TOKENS on AVX2, skip the decode: the tokens' x (and, after the barrier,
 their act) is rounded to int8 per block of 32 (llama.cpp's Q8_0), and each weight row is dotted
 with every token in one pass, in integer lanes (intrinsics.q8_dot_rows: vpdpbusd, or vpmaddubsw
 + vpmaddwd on AVX2; nvfp4_q8_dot_rows: its codes to integers by vpshufb first;
-nvfp4_q8_dot_rows_wide: 64 codes an instruction, against an activation laid out for it once per
-call by _quantize_wide), times the block scales and the row's scales.
+nvfp4_q8_dot_rows_wide: a block of 64 codes an instruction (32 on AVX2), against an activation
+laid out for it once per call by _quantize_wide), times the block scales and the row's scales.
 On AVX512-BF16 hosts every other expert takes the bf16 dot (bf16_dotted): x (and act) is rounded
 to bf16 once per call (llama.cpp's vec_dot_type for bf16 weights); a bf16 row is read as it is,
 a quantised one is decoded to bf16 into L1 first (exactly; int8 by a convert, e4m3 and e2m1 in
@@ -43,7 +43,6 @@ from ft.engine.cpu.intrinsics import (
     AVX2,
     AVX512BF16,
     AVX512BW,
-    AVX512VNNI,
     BF16_BLOCK,
     DOT_TOKENS,
     E2M1_X2,
@@ -51,6 +50,7 @@ from ft.engine.cpu.intrinsics import (
     Q8_BLOCK,
     WIDE_BIAS,
     WIDE_BLOCK,
+    WIDE_LANE_Q8,
     WIDE_LANES,
     address,
     atomic_add,
@@ -78,6 +78,13 @@ from ft.engine.cpu.sync import CALLER_SPIN, WORKER_SPIN, arrive, publish, wait_c
 # decode to bf16 and its dot (one Zen 4 core, a row of 2048 from L2: T=4 287-331 -> 137-158 ns;
 # T=1 46-66 either way). With more tokens the bf16 dot's one decode a row serves them all.
 INT_DOT_TOKENS = DOT_TOKENS
+# nvfp4 experts with at most this many tokens take the integer dot (the wide one, where a row is
+# whole blocks). Where the bf16 dot exists (AVX512-BF16) the integer dot wins up to two tokens:
+# 2-core Zen 4, two threads, k=8, alternated twice against the bf16 dot, T=1 9.0-13.3 ->
+# 14.8 GB/s, T=2 6.7-9.3 -> 7.2-11.4, T=4 level (5.2-6.8 against 5.0-6.7). Compiled for AVX2
+# alone it beats the float path at four: T=4 3.1-3.2 -> 6.8-6.9 GB/s (rows of 2048 from L2:
+# 558-761 -> 251-256 ns), T=1 11.9-12.2 -> 12.9-13.7.
+NVFP4_INT_TOKENS = 2 if AVX512BF16 else DOT_TOKENS
 # Formats the kernel reads (the plan's FMT word).
 F32, BF16, INT8, FP8, NVFP4 = 0, 1, 2, 3, 4
 NVFP4_GROUP = 16
@@ -283,7 +290,7 @@ def _quantize_wide(v, q, s, c):
         for p in range(WIDE_BLOCK // 2):
             block[p], block[WIDE_BLOCK // 2 + p] = lin[2 * p], lin[2 * p + 1]
         for lane in range(WIDE_LANES):
-            s[lanes + lane] = scales[2 * b + (lane % 8) // 4]
+            s[lanes + lane] = scales[b * WIDE_BLOCK // Q8_BLOCK + WIDE_LANE_Q8[lane]]
             total = 0
             for j in range(4 * lane, 4 * lane + 4):
                 total += np.int32(block[j])
@@ -293,8 +300,8 @@ def _quantize_wide(v, q, s, c):
 @jit()
 def wide_dot(fmt, cols):
     """Whether rows of `cols` columns of `fmt` take nvfp4's wide integer dot (its activation then
-    laid out by _quantize_wide): nvfp4 on AVX512-VNNI hosts, whole wide blocks."""
-    return fmt == NVFP4 and AVX512VNNI and cols % WIDE_BLOCK == 0
+    laid out by _quantize_wide): nvfp4 on AVX2 hosts, whole blocks of WIDE_BLOCK."""
+    return fmt == NVFP4 and AVX2 and cols % WIDE_BLOCK == 0
 
 
 @jit()
@@ -321,15 +328,11 @@ def quantize_act(fmt, v, q, s, c):
 
 @jit()
 def integer_dot(fmt, n):
-    """Whether an expert's n tokens take the integer dot: int8 weights at n <= INT_DOT_TOKENS;
-    nvfp4's on AVX2 at one token, on AVX512-VNNI (the wide dot) at up to DOT_TOKENS. nvfp4 rows
-    of 2048 from L2 on one Zen 4 core, against the bf16 dot: one token 133 -> 92-98 ns (the
-    narrow integer dot before it), two 170-177 -> 123-124, four 239-268 -> 201-218; at eight it
-    lost (607-668 against 432-459). On AVX2 alone two to four tokens in one integer pass were
-    no faster than the bf16 dot (docs/cpu-pool.md)."""
+    """Whether an expert's n tokens take the integer dot: int8 weights at n <= INT_DOT_TOKENS,
+    nvfp4's on AVX2 hosts at n <= NVFP4_INT_TOKENS (the wide dot where a row is whole blocks)."""
     if fmt == INT8:
         return n <= INT_DOT_TOKENS
-    return fmt == NVFP4 and AVX2 and (n == 1 or (AVX512VNNI and n <= DOT_TOKENS))
+    return fmt == NVFP4 and AVX2 and n <= NVFP4_INT_TOKENS
 
 
 @jit(fastmath=True, inline="always")  # as bf16_dots
