@@ -116,8 +116,8 @@ def test_bf16_dots_equal_the_float32_dot_of_the_bf16_values(cols, tokens):
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 6])
-# 304: a last partial block of 32 (one group); 128 and 2048: whole wide blocks (nvfp4's wide dot
-# on AVX512-VNNI hosts)
+# 304: a last partial block of 32 (one group); the others whole blocks of nvfp4's wide dot on
+# AVX2 hosts (32 columns), 128 and 2048 also on AVX512-VNNI hosts (64)
 @pytest.mark.parametrize("cols", [32, 96, 128, 304, 2048])
 @pytest.mark.parametrize("fmt", ["int8", "nvfp4"])
 def test_int_dots_equal_the_float64_dot_of_the_integers(fmt, cols, tokens):

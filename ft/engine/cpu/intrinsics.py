@@ -171,6 +171,7 @@ def _target_features() -> dict[str, bool]:
 _TARGET = _target_features()
 VNNI = bool(_TARGET.get("avxvnni") or (_TARGET.get("avx512vnni") and _TARGET.get("avx512vl")))
 AVX2 = bool(_TARGET.get("avx2"))
+AVX512VNNI = bool(_TARGET.get("avx512vnni") and _TARGET.get("avx512bw"))  # 64 bytes a vpdpbusd
 
 
 def _lanes(builder, v, which):
@@ -203,20 +204,38 @@ def _block_sums(builder, weights, xv):
     """<8 x i32> whose lanes sum to the dot of two <32 x i8> (values in [-127, 127]), each lane
     the sum of 4 neighbouring products; weights from _signed_weights. |w| times x with w's sign
     (llama.cpp's AVX2 Q8_0 dot); no 16-bit sum saturates (2 * 127 * 127 < 2^15)."""
-    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-    v32i8, v16i16, v8i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+    v32i8, v8i32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(32), 8)
     ax, wv = weights
     if AVX2:
         sx = _call(builder, "llvm.x86.avx2.psign.b", v32i8, [xv, wv])
-        if VNNI:
-            zero = ir.Constant(v8i32, [0] * 8)
-            return _call(builder, "llvm.x86.avx512.vpdpbusd.256", v8i32, [zero, ax, sx])
-        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [ax, sx])
-        ones = ir.Constant(v16i16, [1] * 16)
-        return _call(builder, "llvm.x86.avx2.pmadd.wd", v8i32, [pairs, ones])
-    wide = ir.VectorType(i32, 32)
-    prod = builder.mul(builder.sext(wv, wide), builder.sext(xv, wide))
-    quarters = [_lanes(builder, prod, range(q, 32, 4)) for q in range(4)]
+        return _quad_sums(builder, _const(v8i32, 0), ax, sx)
+    wide = ir.VectorType(ir.IntType(32), 32)
+    return _sum_quads(builder, builder.mul(builder.sext(wv, wide), builder.sext(xv, wide)))
+
+
+def _quad_sums(builder, start, u, s):
+    """start (<n/4 x i32>) plus, per lane, the sum of 4 neighbouring products of the unsigned
+    bytes u and the signed bytes s (<n x i8>, n 32 or 64): vpdpbusd (AVX512-VNNI; AVX-VNNI at
+    32), else AVX2's vpmaddubsw + vpmaddwd (a pair's 16-bit sum must not saturate: callers keep
+    2 |u s| < 2^15), else generic IR."""
+    lanes, count = start.type, u.type.count
+    if AVX512VNNI and count == 64:
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", lanes, [start, u, s])
+    if VNNI and count == 32:
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", lanes, [start, u, s])
+    if AVX2 and count == 32:
+        v16i16 = ir.VectorType(ir.IntType(16), 16)
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [u, s])
+        quads = _call(builder, "llvm.x86.avx2.pmadd.wd", lanes, [pairs, _const(v16i16, 1)])
+        return builder.add(start, quads)
+    wide = ir.VectorType(ir.IntType(32), count)
+    return builder.add(start, _sum_quads(builder, builder.mul(builder.zext(u, wide),
+                                                              builder.sext(s, wide))))  # fmt: skip
+
+
+def _sum_quads(builder, prod):
+    """<n/4 x i32>: each lane the sum of 4 neighbouring lanes of the <n x i32> prod."""
+    quarters = [_lanes(builder, prod, range(q, prod.type.count, 4)) for q in range(4)]
     return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
 
 
@@ -440,9 +459,9 @@ def nvfp4_q8_dot_rows(typingctx, w, x, xs, sel, t0, n, blocks, gs, dots, o):
 # per call (layer_kernel._quantize_wide), so that a row needs no shuffle: per block its codes'
 # low nibbles (the even elements) then its high nibbles (the odd ones), the activation's bytes in
 # that order; the weights are the unsigned twice-e2m1 + WIDE_BIAS (0..24: x86 multiplies unsigned
-# by signed bytes, so no sign is moved onto x per token), and each lane's sum starts from
+# by signed bytes, so no sign is moved onto x per token; 2 * 24 * 127 < 2^15, so AVX2's 16-bit
+# pair sums hold), and each lane's sum starts from
 # -WIDE_BIAS times the sum of its four activation bytes, which leaves it exact.
-AVX512VNNI = bool(_TARGET.get("avx512vnni") and _TARGET.get("avx512bw"))
 WIDE_BLOCK = 64 if AVX512VNNI else 32  # elements a block: half as many code bytes
 WIDE_LANES = WIDE_BLOCK // 4  # int32 lanes of a block's dot, 4 bytes each
 WIDE_BIAS = 12  # -min(twice e2m1)
@@ -466,27 +485,6 @@ def _wide_weights(builder, packed, table):
     if AVX2:
         return _call(builder, "llvm.x86.avx2.pshuf.b", vec, [table, codes])
     return builder.add(_e2m1_x2_arithmetic(builder, codes), _const(vec, WIDE_BIAS))
-
-
-def _wide_sums(builder, start, weights, xv):
-    """<WIDE_LANES x i32>: start plus, per lane, the sum of 4 neighbouring products of the
-    unsigned weights and the signed xv: vpdpbusd (AVX512-VNNI, or AVX-VNNI at 32), AVX2's
-    vpmaddubsw + vpmaddwd (no 16-bit sum saturates: 2 * 24 * 127 < 2^15), generic IR elsewhere."""
-    lanes = start.type
-    if AVX512VNNI:
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", lanes, [start, weights, xv])
-    if VNNI:
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", lanes, [start, weights, xv])
-    if AVX2:
-        v16i16 = ir.VectorType(ir.IntType(16), 16)
-        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [weights, xv])
-        quads = _call(builder, "llvm.x86.avx2.pmadd.wd", lanes, [pairs, _const(v16i16, 1)])
-        return builder.add(start, quads)
-    wide = ir.VectorType(ir.IntType(32), xv.type.count)
-    prod = builder.mul(builder.zext(weights, wide), builder.sext(xv, wide))
-    quarters = [_lanes(builder, prod, range(q, xv.type.count, 4)) for q in range(4)]
-    sums = builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
-    return builder.add(start, sums)
 
 
 @intrinsic
@@ -528,7 +526,7 @@ def nvfp4_q8_dot_rows_wide(typingctx, w, x, xs, xc, sel, t0, n, blocks, gs, dots
                 for i, (x_row, s_row, c_row) in enumerate(rows):
                     xv = builder.load(builder.gep(x_row, [b]), align=1)
                     start = builder.load(builder.gep(c_row, [b]), align=4)
-                    sums = builder.sitofp(_wide_sums(builder, start, wv, xv), lanes_f32)
+                    sums = builder.sitofp(_quad_sums(builder, start, wv, xv), lanes_f32)
                     scale = _fast(builder.fmul(gsv, builder.load(builder.gep(s_row, [b]), align=4)))
                     _add_scaled(builder, accs[i][c], sums, scale)
 

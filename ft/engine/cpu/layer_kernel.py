@@ -278,9 +278,9 @@ def _quantize_q8(v, q, s):
 @jit(fastmath=True)
 def _quantize_wide(v, q, s, c):
     """v [n] (n a multiple of WIDE_BLOCK) in nvfp4's wide layout (nvfp4_q8_dot_rows_wide):
-    rounded as _quantize_q8, then per 64 elements q = the codes of its even elements, then of its
-    odd ones; per lane of the block's dot (4 bytes of q), s = the scale of the 32-block its
-    elements lie in and c = -WIDE_BIAS times the sum of its 4 codes."""
+    rounded as _quantize_q8, then per WIDE_BLOCK elements q = the codes of its even elements,
+    then of its odd ones; per lane of the block's dot (4 bytes of q), s = the scale of the
+    32-block its elements lie in and c = -WIDE_BIAS times the sum of its 4 codes."""
     n = v.shape[0]
     lin, scales = np.empty(WIDE_BLOCK, np.int8), np.empty(n // Q8_BLOCK, np.float32)
     _quantize_q8(v, q, scales)
@@ -338,7 +338,7 @@ def integer_dot(fmt, n):
 @jit(fastmath=True, inline="always")  # as bf16_dots
 def int_dots(fmt, parts, proj, r, cols, inter, buf, vq, vs, vc, sel, t0, t1, dots):
     """dots[t - t0] = (row r of projection `proj`) . v[sel[t]] for t in [t0, t1), v quantised
-    by _quantize_q8 (vq, vs): the row's codes dotted as integers, up to DOT_TOKENS tokens a pass
+    by quantize_act (vq, vs, vc): the row's codes dotted as integers, up to DOT_TOKENS tokens a pass
     over the row, times its scales (int8: the row's; nvfp4: its groups', decoded once into buf,
     and the tensor's); a last partial block of 32 by _int_tails."""
     full = cols // Q8_BLOCK
