@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ft.bench.bw_formats import ENGINE_FORMAT_NAMES, FORMATS, BenchFormat
 from ft.bench.bw_links import cpu_stream_read_gbs
-from ft.engine.cpu.pool import COMPUTE_MODES, CpuMoeExecutor
+from ft.engine.cpu.pool import COMPUTE_MODES, LAYER_MODES, CpuMoeExecutor
 from ft.errors import FtError
 
 HIDDEN, INTER = 2048, 768
@@ -62,6 +62,7 @@ class CpuMoeBenchConfig:
     peer: str | None = None  # a peer's kernel measured beside the pool's, interleaved
     settle: bool = True  # with a peer: each timed call starts once the process is idle
     interleave: bool = True  # with a peer: pool, peer, pool, ...; else each side's in a block
+    phases: bool = False  # each pool call's workers stamp their phases: a row's `phases`
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.formats if f not in FORMATS]
@@ -80,6 +81,10 @@ class CpuMoeBenchConfig:
                 raise FtError(f"{flag} takes whole numbers >= 1, got {list(values)}")
         if self.calls < 1 or self.store_gib <= 0:
             raise FtError("--calls must be >= 1 and --store-gib positive")
+        no_phases = [c for c in self.computes if c not in LAYER_MODES]
+        if self.phases and no_phases:
+            raise FtError(f"--phases: compute {', '.join(no_phases)} runs no layer kernel to "
+                          "stamp; use auto or compiled")  # fmt: skip
         if self.threads is not None and self.threads < 1:
             raise FtError(f"--threads must be at least 1, got {self.threads}")
         if self.peer is not None and self.peer not in PEERS:
@@ -116,6 +121,8 @@ def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print,
                 for compute in cfg.computes:
                     progress(f"{name}: pool compute={compute}")
                     with CpuMoeExecutor(threads=threads, compute=compute) as pool:
+                        if cfg.phases:
+                            pool.stamp_phases()
                         rows += _measure_format(pool, fmt, bank, count, compute, cfg, read, other)
                 if other is not None and not isinstance(other, str):
                     layers[name]["reads_our_store"] = _reads_our_store(other, fmt, bank)
@@ -170,6 +177,7 @@ class _PoolSide:
     def __init__(self, pool: CpuMoeExecutor, fmt: BenchFormat, bank) -> None:
         self.pool, self.fmt, self.bank, self.expert_bytes = pool, fmt, bank, _bytes(fmt)
         self.submit_s = 0.0  # the last call's submit (the caller's side), for the row
+        self.handle = None  # the last call's
 
     def act_rounding(self, tokens: int):
         """The layer kernel's rounding of x and act (layer.act_rounding) or None."""
@@ -189,6 +197,7 @@ class _PoolSide:
             start = time.perf_counter()
             handle = self.pool.submit_routed(x, self.bank, fmt, ids, weights, experts)
             self.submit_s = time.perf_counter() - start  # the caller's side: the plan, built
+            self.handle = handle
             return handle.wait()
 
         return run
@@ -206,7 +215,7 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
         x = torch.randn(tokens, HIDDEN).to(fmt.dtype)
         errs = {key: _verify(side.name, side, fmt, x) for key, side in sides.items()}
         for k in cfg.experts_per_call:
-            times, submits = {key: [] for key in sides}, []
+            times, submits, phases = {key: [] for key in sides}, [], []
             for call, key in _call_order(list(sides), WARMUP_CALLS + cfg.calls, cfg.interleave):
                 side = sides[key]
                 run = side.call(x, [(cursor + j) % count for j in range(k)], ROUTER_WEIGHT)
@@ -220,12 +229,18 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
                     times[key].append(time.perf_counter() - start)
                     if key == "":
                         submits.append(side.submit_s)
+                        if cfg.phases:
+                            phases.append(side.handle.phases())
             row = dict(fmt=fmt.name, compute=compute, tokens=tokens, experts=k,
                        submit_us=round(statistics.median(submits) * 1e6, 1))  # fmt: skip
             for key, side in sides.items():
                 row.update(_cell(key, times[key], k * side.expert_bytes, read, errs[key]))
             if other is not None:
                 row.update(_peer_cells(row, other))
+            if phases:
+                from ft.engine.cpu.phases import summarize  # numba: only with --phases
+
+                row["phases"] = summarize(phases)
             rows.append(row)
     return rows
 

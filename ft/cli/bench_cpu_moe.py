@@ -68,6 +68,13 @@ def bench_cpu_moe(
             "pool calls back to back, then the peer's (each side's steady state)."
         ),
     ] = True,
+    phases: Annotated[
+        bool,
+        typer.Option(
+            help="Stamp each pool call's phases per worker (wake, prep, phase 1, barrier, "
+            "phase 2) and show where its time goes."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The CPU MoE pool's GB/s of expert bytes per format, experts per call and tokens, as a
@@ -78,6 +85,7 @@ def bench_cpu_moe(
         formats=_names(formats), experts_per_call=int_list(experts_per_call, "--experts-per-call"),
         tokens=int_list(tokens, "--tokens"), calls=calls, store_gib=store_gib, threads=threads,
         computes=_names(compute), peer=peer, settle=settle, interleave=interleave,
+        phases=phases,
     )  # fmt: skip
     err = Console(stderr=True)
     result = run_cpu_moe(cfg, lambda stage: err.print(f"[dim]{stage}[/dim]"))
@@ -110,8 +118,31 @@ def _render(result: dict) -> None:
             cells += [f"{r['peer_us']:.0f}", f"{r['peer_gbs']:.2f}", f"{r['ratio']:.2f}"]
         table.add_row(*cells)
     Console().print(table)
+    if any("phases" in r for r in result["rows"]):
+        _render_phases(result)
     if peer:
         _render_layers(peer)
+
+
+def _render_phases(result: dict) -> None:
+    """Per cell, each worker phase's median over calls: the median worker / the slowest."""
+    from ft.engine.cpu.phases import WORKER_PHASES
+
+    table = Table(title="pool call phases, us: median worker/slowest (--phases)")
+    for column in ("cell", *WORKER_PHASES, "return", "total"):
+        table.add_column(column, justify="left" if column == "cell" else "right")
+    for r in result["rows"]:
+        p = r.get("phases")
+        if p:
+            cells = [f"{p[name]['median_us']:.0f}/{p[name]['max_us']:.0f}"
+                     for name in WORKER_PHASES]  # fmt: skip
+            table.add_row(
+                f"{r['fmt']} T={r['tokens']} k={r['experts']}",
+                *cells,
+                f"{p['return']['median_us']:.0f}",
+                f"{p['total']['median_us']:.0f}",
+            )
+    Console().print(table)
 
 
 def _fraction(value: float | None) -> str:

@@ -52,3 +52,27 @@ def test_a_pool_off_the_reference_gives_no_figure(monkeypatch):
         monkeypatch.setattr(pool, "submit_routed", lambda *args: wrong)
         with pytest.raises(FtError, match="differs from float32 torch"):
             cpu_moe._check(pool, fmt, bank, tokens=1)
+
+
+@pytest.mark.timeout(300)
+def test_phases_show_where_each_cells_calls_spend_their_time():
+    res = run_ft(
+        "bench", "cpu-moe", "--formats", "int8", "--experts-per-call", "2", "--tokens", "1",
+        "--calls", "3", "--store-gib", "0.02", "--threads", "2", "--phases",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "pool call phases" in res.stdout and "int8 T=1 k=2" in res.stdout
+    cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16",), experts_per_call=(2,), tokens=(1,),
+                                    calls=3, store_gib=0.02, threads=2, phases=True)  # fmt: skip
+    (row,) = cpu_moe.run_cpu_moe(cfg, lambda _: None)["rows"]
+    phases = row["phases"]
+    assert len(phases["phase 1 by worker_us"]) == 2
+    assert 0 < phases["phase 1"]["median_us"] <= phases["phase 1"]["max_us"]
+    assert phases["phase 1"]["median_us"] < phases["total"]["median_us"]
+    assert phases["total"]["median_us"] <= row["us"]  # the caller's submit is outside it
+
+
+def test_phases_need_the_layer_kernel():
+    res = run_ft("bench", "cpu-moe", "--compute", "native", "--phases", "--store-gib", "0.02")
+    assert res.returncode == 1 and res.stderr.startswith("error: --phases"), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

@@ -8,11 +8,13 @@ import logging
 import threading
 
 import numba
+import numpy as np
 import pytest
 import torch
 
 from ft.bench.cpu_moe import ACT_FLIPS
 from ft.engine.cpu import intrinsics, layer_kernel
+from ft.engine.cpu import phases as phases_module
 from ft.engine.cpu.layer import act_rounding, bf16_round, int_dot_tokens, kernel_format, q8_0
 from ft.engine.cpu.pool import THREAD_PREFIX, CpuMoeExecutor, ExpertJob, expert_jobs
 from tests.engine import quant_ref
@@ -272,3 +274,51 @@ def test_mixed_formats_in_one_call_are_refused():
     with CpuMoeExecutor(threads=1) as pool:
         with pytest.raises(ValueError, match="one expert format"):
             pool.submit(torch.randn(1, hidden), jobs)
+
+
+def test_stamped_calls_give_each_workers_phases_in_order():
+    """With stamping on, each worker stamps its start, prep, barrier arrival and pass, and end:
+    in that order, after the caller's publish and before its wait returns; no worker passes the
+    barrier before every worker arrived; the result is the unstamped call's, bit for bit."""
+    hidden, inter = SHAPES[1]
+    bank, _ = bank_for("nvfp4", None, hidden, inter, seed=7)
+    x = torch.randn(2, hidden, generator=torch.Generator().manual_seed(2))
+    ids, weights = routing(2, 3, seed=4)
+    with CpuMoeExecutor(threads=3) as pool:
+        plain = pool.submit_routed(x, bank, "nvfp4", ids, weights, list(range(EXPERTS)))
+        want = plain.wait().clone()
+        assert plain.phases() is None  # not stamped
+        assert pool.stamp_phases()
+        handle = pool.submit_routed(x, bank, "nvfp4", ids, weights, list(range(EXPERTS)))
+        assert torch.equal(handle.wait(), want)
+        stamps = handle.stamps
+        assert stamps.shape == (3, layer_kernel.STAMP_COUNT)
+        points = [handle.published, *stamps.max(axis=0)]
+        assert (stamps[:, :-1] <= stamps[:, 1:]).all() and (stamps[:, 0] >= handle.published).all()
+        assert stamps[:, layer_kernel.ARRIVED].max() <= stamps[:, layer_kernel.PASSED].min()
+        assert points[-1] <= handle.returned
+        phases = handle.phases()
+        assert sorted(phases.workers) == sorted(phases_module.WORKER_PHASES)
+        for name, seconds in phases.workers.items():
+            assert seconds.shape == (3,) and (seconds >= 0).all(), name
+            assert (seconds <= phases.total_s).all(), name
+        assert phases.total_s > 0 and phases.returned_s >= 0
+        assert pool.stamp_phases(False)
+        again = pool.submit_routed(x, bank, "nvfp4", ids, weights, list(range(EXPERTS)))
+        assert torch.equal(again.wait(), want) and again.phases() is None
+    with CpuMoeExecutor(threads=1, compute="native") as tasks:
+        assert not tasks.stamp_phases()  # the row-block tasks have no phases to stamp
+
+
+def test_phase_summary_takes_medians_over_calls_of_the_median_and_slowest_worker():
+    def call(scale):
+        workers = {name: scale * np.array([1e-6, 2e-6, 6e-6]) for name in
+                   phases_module.WORKER_PHASES}  # fmt: skip
+        return phases_module.CallPhases(workers, returned_s=scale * 1e-6, total_s=scale * 30e-6)
+
+    summary = phases_module.summarize([call(1), call(2), call(10)])
+    for name in phases_module.WORKER_PHASES:
+        assert summary[name] == {"median_us": 4.0, "max_us": 12.0}
+    assert summary["return"] == {"median_us": 2.0} and summary["total"] == {"median_us": 60.0}
+    assert summary["phase 1 by worker_us"] == [2.0, 4.0, 12.0]
+    assert 1e8 < phases_module.cycles_per_second() < 1e11  # a time-stamp counter's rate

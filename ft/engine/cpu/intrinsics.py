@@ -1,7 +1,7 @@
 """LLVM instructions that numba lacks, as numba intrinsics (llvmlite) for the pool's layer
-kernel: atomics on an int64 array, x86's spin hint, raw addresses as pointers, float32 bit casts
-and the e4m3 decode in 32-bit lanes, the futex system call, an int8 dot in integer lanes, and a
-bf16 dot (vdpbf16ps).
+kernel: atomics on an int64 array, x86's spin hint and time-stamp counter, raw addresses as
+pointers, float32 bit casts and the e4m3 decode in 32-bit lanes, the futex system call, an int8
+dot in integer lanes, and a bf16 dot (vdpbf16ps).
 
 Linux x86-64 only, as the pool's pinning already assumes.
 """
@@ -67,6 +67,20 @@ def spin_pause(typingctx):
         return context.get_dummy_value()
 
     return types.void(), codegen
+
+
+@intrinsic
+def cycles(typingctx):
+    """The CPU's time-stamp counter (rdtsc): a few cycles to read, so a worker can stamp each
+    phase of every call (layer_kernel's STAMPS) without slowing it."""
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic(
+            "llvm.readcyclecounter", fnty=ir.FunctionType(ir.IntType(64), [])
+        )
+        return builder.call(fn, [])
+
+    return types.int64(), codegen
 
 
 @intrinsic

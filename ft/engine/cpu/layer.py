@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ft.engine.cpu import layer_kernel as K
 from ft.engine.cpu.compute import ExpertJob, check_parts
+from ft.engine.cpu.phases import CallPhases
 from ft.engine.cpu.sync import control_block
 from ft.engine.formats import get_format
 
@@ -105,12 +106,15 @@ class LayerHandle:
     """One submitted call; wait() returns [T, D] float32 (the sum over its experts)."""
 
     def __init__(self, calls: LayerCalls, gen: int, out: torch.Tensor, keep: tuple,
-                 experts: int) -> None:  # fmt: skip
+                 experts: int, stamps: np.ndarray | None = None) -> None:  # fmt: skip
         self._calls, self.gen, self._out = calls, gen, out
         self.experts = experts  # expert FFNs in the call
         self._keep = keep  # what the workers read by address: alive until the call is done
         self._finished = False
         self.ran_on: set[str] = set()
+        # with stamping: the workers' stamps [workers, STAMP_COUNT], and the caller's time-stamp
+        # counter as it published the call and as its wait saw it done
+        self.stamps, self.published, self.returned = stamps, 0, 0
 
     def done(self) -> bool:
         return self._finished or self._calls.finished(self.gen)
@@ -120,10 +124,18 @@ class LayerHandle:
         argument and is not used here: the workers run compiled code that cannot raise (submit
         checked the plan), so every call ends once each worker has run its share."""
         if not self._finished:
-            self._calls.wait(self.gen)
+            self.returned = self._calls.wait(self.gen)
             self._finished, self._keep = True, ()
             self.ran_on = set(self._calls.names)
         return self._out
+
+    def phases(self) -> CallPhases | None:
+        """Where the call's time went, per worker (None: the call was not stamped). Waits for
+        the call first."""
+        self.wait()
+        if self.stamps is None:
+            return None
+        return CallPhases.of(self.stamps, self.published, self.returned)
 
 
 class LayerCalls:
@@ -137,6 +149,9 @@ class LayerCalls:
         self._last: LayerHandle | None = None
         self._lock = threading.Lock()  # submits from two threads publish one after the other
         self._layouts: dict[tuple, tuple] = {}  # bank_layout's and the parts it checked
+        # each call's workers stamp the time-stamp counter at each point of their share
+        # (`ft bench cpu-moe --phases`); off, the kernel only tests a plan word
+        self.stamping = False
 
     def serve(self, worker: int) -> None:
         """The worker thread's whole life (returns on stop)."""
@@ -156,8 +171,9 @@ class LayerCalls:
     def finished(self, gen: int) -> bool:
         return int(self.ctrl[K.DONE]) >= gen * self.workers
 
-    def wait(self, gen: int) -> None:
-        K.wait_done(self.ctrl, gen, self.workers)
+    def wait(self, gen: int) -> int:
+        """Blocks until call `gen` is done; -> the time-stamp counter as the wait saw it done."""
+        return K.wait_done(self.ctrl, gen, self.workers)
 
     def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> LayerHandle:
         """Publish the jobs (all of one format, weights on the host) as one call."""
@@ -209,12 +225,17 @@ class LayerCalls:
     def _publish(self, plan: np.ndarray, keep: tuple, out: torch.Tensor) -> LayerHandle:
         """Start `plan` (its first words; the rest what it points at) once the last call is
         done: the workers share one control block."""
+        stamps = None
+        if self.stamping:
+            stamps = np.zeros((self.workers, K.STAMP_COUNT), np.int64)
+            plan[K.STAMPS] = stamps.ctypes.data
         with self._lock:
             if self._last is not None:
                 self._last.wait()
             self._gen += 1
-            handle = LayerHandle(self, self._gen, out, (plan, *keep), int(plan[K.EXPERTS]))
-            K.start_call(self.ctrl, plan.ctypes.data, self._gen)
+            handle = LayerHandle(self, self._gen, out, (plan, *keep), int(plan[K.EXPERTS]),
+                                 stamps)  # fmt: skip
+            handle.published = K.start_call(self.ctrl, plan.ctypes.data, self._gen)
             self._last = handle
         return handle
 

@@ -59,6 +59,7 @@ from ft.engine.cpu.intrinsics import (
     bf16_dot_rows_per_16,
     bf16_dot_rows_per_128,
     bits_of_f32,
+    cycles,
     decode_e2m1,
     decode_e2m1_bf16,
     decode_e4m3,
@@ -102,10 +103,13 @@ GEN, STOP, PLAN, DONE, BARRIER, WORKER_SLEEPERS, CALLER_SLEEPERS, BARRIER_SLEEPE
 CONTROL_WORDS = 8
 
 # The plan: header words, then PARTS words per expert (part addresses, 0 where unused).
-FMT, EXPERTS, TOKENS, HIDDEN, INTER, WORKERS, X, ACT, OUT, TOKEN_START, TOKEN_ROW, TOKEN_WEIGHT = (
-    range(12)
-)
+(FMT, EXPERTS, TOKENS, HIDDEN, INTER, WORKERS, X, ACT, OUT, TOKEN_START, TOKEN_ROW, TOKEN_WEIGHT,
+ STAMPS) = range(13)  # fmt: skip
 HEADER, PARTS = 16, 6
+# STAMPS: 0, or the address of int64 [WORKERS, STAMP_COUNT] where each worker writes the
+# time-stamp counter as it passes each point of its call (ft.engine.cpu.phases reads them)
+STARTED, PREPARED, ARRIVED, PASSED, FINISHED = range(5)
+STAMP_COUNT = 5
 W13, W2, W13_SCALE, W2_SCALE, W13_SCALE_2, W2_SCALE_2 = range(PARTS)
 
 
@@ -535,9 +539,19 @@ def _expert_parts(plan, e, parts):
         parts[p] = plan[HEADER + e * PARTS + p]
 
 
+@jit(inline="always")
+def _stamp(plan, worker, point):
+    """Where the plan asks for stamps: this worker's time-stamp counter at `point`."""
+    if plan[STAMPS] != 0:
+        carray(address(plan[STAMPS] + 8 * (worker * STAMP_COUNT + point)), (1,), np.int64)[0] = (
+            cycles()
+        )
+
+
 @jit(fastmath=True)
 def run_call(plan, worker, ctrl, gen):
     """This worker's share of the call `plan` (phase 1, the barrier, phase 2)."""
+    _stamp(plan, worker, STARTED)
     fmt, k, tokens = plan[FMT], plan[EXPERTS], plan[TOKENS]
     hidden, inter, workers = plan[HIDDEN], plan[INTER], plan[WORKERS]
     starts = carray(address(plan[TOKEN_START]), (k + 1,), np.int64)
@@ -559,10 +573,14 @@ def run_call(plan, worker, ctrl, gen):
     qx, qa = (tokens, max(pairs, 1)) if integer_dot(fmt, 1) else (0, 0)
     xq, xs, xc = quantized_act(fmt, qx, hidden)
     aq, as_, ac = quantized_act(fmt, qa, inter)
+    quantized = np.zeros(qx, np.bool_)  # each token's x once, however many experts read it
     for e in range(k):
         if integer_dot(fmt, starts[e + 1] - starts[e]):
             for t in range(starts[e], starts[e + 1]):
-                quantize_act(fmt, x[rows[t]], xq[rows[t]], xs[rows[t]], xc[rows[t]])
+                row = rows[t]
+                if not quantized[row]:
+                    quantize_act(fmt, x[row], xq[row], xs[row], xc[row])
+                    quantized[row] = True
     # bf16 experts on AVX512-BF16 (bf16_dotted): x and act rounded to bf16, likewise per worker
     bx, ba = (tokens, pairs) if bf16_dotted(fmt) else (0, 0)
     xb = np.empty((bx, hidden), np.uint16)
@@ -570,6 +588,7 @@ def run_call(plan, worker, ctrl, gen):
     for r in range(bx):
         _to_bf16(x[r], xb[r])
 
+    _stamp(plan, worker, PREPARED)
     i0, i1 = worker * inter // workers, (worker + 1) * inter // workers
     for e in range(k):
         _expert_parts(plan, e, parts)
@@ -604,7 +623,9 @@ def run_call(plan, worker, ctrl, gen):
                 act[t, i] = _silu(act[t, i]) * up * weights[t]
 
     # every worker's act is needed below: wait for all of this call's phase 1
+    _stamp(plan, worker, ARRIVED)
     arrive(ctrl, BARRIER, gen * workers, BARRIER_SLEEPERS)
+    _stamp(plan, worker, PASSED)
     for e in range(k):
         if integer_dot(fmt, starts[e + 1] - starts[e]):
             for t in range(starts[e], starts[e + 1]):
@@ -635,6 +656,7 @@ def run_call(plan, worker, ctrl, gen):
             scale = decode_row(fmt, parts, W2, d, inter, inter, buf, groups)
             for t in range(t0, t1):
                 out[rows[t], d] += _dot(buf, act[t], inter) * scale
+    _stamp(plan, worker, FINISHED)
 
 
 @jit()
@@ -656,17 +678,22 @@ def serve(ctrl, worker):
 
 @jit()
 def wait_done(ctrl, gen, workers):
-    """The caller's wait for call `gen` (GIL released: the engine's other threads run)."""
+    """The caller's wait for call `gen` (GIL released: the engine's other threads run); returns
+    the time-stamp counter when it saw the call done."""
     now = atomic_load(ctrl, DONE)
     while now < gen * workers:
         now = wait_change(ctrl, DONE, now, CALLER_SLEEPERS, CALLER_SPIN)
+    return cycles()
 
 
 @jit()
 def start_call(ctrl, plan_addr, gen):
-    """Publish call `gen` (its plan at plan_addr) to the waiting workers."""
+    """Publish call `gen` (its plan at plan_addr) to the waiting workers; returns the
+    time-stamp counter just before."""
     ctrl[PLAN] = plan_addr
+    published = cycles()
     publish(ctrl, GEN, gen, WORKER_SLEEPERS)
+    return published
 
 
 @jit()

@@ -191,6 +191,15 @@ class CpuMoeExecutor:
     def stats(self) -> CpuMoeStats:
         return CpuMoeStats(experts_in_pool=sum(self._in_pool), experts_inline=self._inline)
 
+    def stamp_phases(self, on: bool = True) -> bool:
+        """Whether each layer call's workers stamp the phases of their share (a call's handle
+        then gives them: LayerHandle.phases; `ft bench cpu-moe --phases`); -> whether this pool
+        can: only the layer kernel stamps."""
+        if self._layer is None:
+            return False
+        self._layer.stamping = on
+        return True
+
     def act_rounding(self, fmt: str, weight_dtype: torch.dtype, tokens: int):
         """How this pool rounds the activations of an expert of `fmt` with `tokens` tokens in
         a submit (a function on float32 tensors, for a reference to model it), or None: float32
