@@ -117,6 +117,47 @@ def test_bf16_dots_equal_the_float32_dot_of_the_bf16_values(cols, tokens):
         torch.testing.assert_close(dots.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@numba.njit
+def _fused_f32_dots(fmt, w, v, sel, tokens, steps, scales, dots):
+    for t in range(0, tokens, intrinsics.DOT_TOKENS):
+        n = min(intrinsics.DOT_TOKENS, tokens - t)
+        if fmt == layer_kernel.BF16:
+            intrinsics.bf16_f32_dot_rows(w, v, sel, t, n, steps, scales, dots, t)
+        else:
+            intrinsics.e4m3_f32_dot_rows(w, v, sel, t, n, steps, scales, dots, t)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 4, 6])
+@pytest.mark.parametrize("cols", [128, 384, 2048])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block"])
+def test_fused_float_dots_equal_the_float64_dot_of_the_decoded_row(fmt, cols, tokens):
+    """bf16_f32_dot_rows / e4m3_f32_dot_rows (the AVX2 hosts' float path: the row decoded in
+    registers, up to DOT_TOKENS float32 tokens a pass; compiled everywhere) against float64 on
+    the decoded values: every e4m3 code but NaN, subnormals and -0 among them, and fp8_block's
+    scale per 128 columns; tokens in another order than their rows."""
+    gen = torch.Generator().manual_seed(cols + tokens)
+    v = torch.randn(tokens, cols, generator=gen)
+    if fmt == "bf16":
+        w = torch.randn(cols, generator=gen).to(torch.bfloat16)
+        code, raw, scales = layer_kernel.BF16, w.view(torch.int16).numpy().view("uint16"), None
+        row = w.double()
+    else:
+        codes = torch.arange(cols) % 256
+        codes[(codes & 0x7F) == 0x7F] = 0x80  # e4m3's NaN codes: none in a checkpoint
+        codes = codes[torch.randperm(cols, generator=gen)].to(torch.uint8)
+        scales = torch.rand(cols // 128, generator=gen) + 0.5
+        code, raw = layer_kernel.FP8, codes.numpy()
+        row = codes.view(torch.float8_e4m3fn).double() * scales.double().repeat_interleave(128)
+    if scales is None:
+        scales = torch.ones(1)
+    sel, dots = torch.arange(tokens).flip(0), torch.zeros(tokens)
+    _fused_f32_dots(code, raw, v.numpy(), sel.numpy(), tokens, cols // intrinsics.F32_STEP,
+                    scales.numpy(), dots.numpy())  # fmt: skip
+    want = v[sel].double() @ row
+    bound = 1e-6 * (v[sel].double().abs() @ row.abs()) + 1e-6  # float32 sums, a few ulps
+    assert ((dots.double() - want).abs() <= bound).all(), (dots, want)
+
+
 @pytest.mark.parametrize("tokens", [1, 3, 6])
 # 304: a last partial block of 32 (one group); the others whole blocks of nvfp4's wide dot on
 # AVX2 hosts (32 columns), 128 and 2048 also on AVX512-VNNI hosts (64)

@@ -68,3 +68,11 @@ def test_the_row_bench_times_each_format_and_token_count_on_its_kernel_path():
     assert layer_kernel.INT_DOT_TOKENS == 4
     assert got["int8", 1]["path"] == got["int8", 3]["path"] == "integer"
     assert got["int8", 6]["path"] in ("bf16", "float")
+    # bf16 rows: the bf16 dot (AVX512-BF16), else the fused float dot of whole steps (AVX2);
+    # fp8_block rows of 96 columns are no whole 128-block: never the fused float dot
+    k = layer_kernel
+    fused = k.f32_fused.py_func(k.BF16, 96)
+    assert got["bf16", 1]["path"] == (
+        "bf16" if k.bf16_dotted.py_func(k.BF16) else "float-fused" if fused else "float"
+    )
+    assert got["fp8_block", 1]["path"] in ("bf16", "float")

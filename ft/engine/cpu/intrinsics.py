@@ -888,3 +888,116 @@ def decode_e2m1_bf16(typingctx, src, out, blocks):
         return context.get_dummy_value()
 
     return types.void(src, out, blocks), codegen
+
+
+# -- float32 activations: bf16 and e4m3 rows decoded in registers and dotted there (AVX2 hosts
+# without the bf16 dot) ------------------------------------------------------------------------
+
+F16C = bool(_TARGET.get("f16c"))  # vcvtph2ps: every AVX2 CPU has it
+F32_STEP = 16  # weights decoded a step: two 8-float registers on AVX2
+F32_CHAINS = 4  # independent accumulators: an fma waits ~4 cycles on its accumulator
+
+
+def _e4m3_f32_scaled(builder, codes):
+    """<16 x float> of the e4m3 codes <16 x i8>, times 2^-8: the code's bits, sign to bit 15 and
+    exponent and mantissa to bits 13..7, are an IEEE half of that value exactly (subnormals too:
+    e4m3's bias 7 against half's 15); vcvtph2ps (F16C) widens it. Without F16C, _e4m3_f32's
+    integer arithmetic (this compiles everywhere; only F16C hosts run it)."""
+    v16i16, f32x16 = ir.VectorType(ir.IntType(16), F32_STEP), ir.VectorType(ir.FloatType(), 16)
+    if F16C:
+        bits = builder.and_(builder.shl(builder.sext(codes, v16i16), _const(v16i16, 7)),
+                            _const(v16i16, 0xBF80))  # fmt: skip
+        halves = builder.bitcast(bits, ir.VectorType(ir.HalfType(), F32_STEP))
+        return builder.fpext(halves, f32x16)
+    wide = builder.zext(codes, ir.VectorType(ir.IntType(32), F32_STEP))
+    return _fast(builder.fmul(_e4m3_f32(builder, wide), _const(f32x16, 2.0**-8)))
+
+
+def _f32_dot_rows(weights_of, scaled=False):
+    """codegen of a row's dots with up to DOT_TOKENS float32 activation rows in one pass:
+    args (w, x, sel, t0, n, steps, s, dots, o); weights_of(builder, w_ptr, j) -> step j's
+    <16 x float> weights (j an i64 value), fma'd into `chains` accumulators per token. `scaled`:
+    a scale s[j // 8] per 8 steps (fp8_block's 128 columns), applied to each token's sum over
+    them, once, not to every weight."""
+
+    def codegen(context, builder, signature, args):
+        i64, f32x16 = ir.IntType(64), ir.VectorType(ir.FloatType(), F32_STEP)
+        w_ty, x_ty, sel_ty, _, _, _, s_ty, dots_ty, _ = signature.args
+        w, x, sel, t0, n, steps, s, dots, o = args
+        w_ptr, s_ptr, dots_ptr, sel_ptr = (context.make_array(ty)(context, builder, a).data
+                                           for ty, a in ((w_ty, w), (s_ty, s), (dots_ty, dots),
+                                                         (sel_ty, sel)))  # fmt: skip
+        x_ary = context.make_array(x_ty)(context, builder, x)
+
+        def dot_rows(tokens):
+            chains = max(1, F32_CHAINS // tokens)
+            xs = [builder.bitcast(_selected_row(builder, x_ary, sel_ptr, t0, i),
+                                  f32x16.as_pointer()) for i in range(tokens)]  # fmt: skip
+            accs = _accumulators(builder, f32x16, tokens, chains)
+
+            def add_step(j, c):
+                wv = weights_of(builder, w_ptr, j)
+                for i in range(tokens):
+                    xv = builder.load(builder.gep(xs[i], [j]), align=4)
+                    _add_scaled(builder, accs[i][c], wv, xv)
+
+            def add_group(g, c):  # 8 steps; two partial sums a token where registers allow
+                per, parts = FP8_BLOCK // F32_STEP, 2 if tokens == 1 else 1
+                sums = [[_const(f32x16, 0.0)] * parts for _ in range(tokens)]
+                for k in range(per):
+                    j = builder.add(builder.mul(g, ir.Constant(i64, per)), ir.Constant(i64, k))
+                    wv = weights_of(builder, w_ptr, j)
+                    for i in range(tokens):
+                        xv = builder.load(builder.gep(xs[i], [j]), align=4)
+                        p = sums[i][k % parts]
+                        sums[i][k % parts] = _fast(builder.fadd(p, _fast(builder.fmul(wv, xv))))
+                scale = builder.load(builder.gep(s_ptr, [g]))
+                scale = _splat(
+                    builder, _fast(builder.fmul(scale, ir.Constant(ir.FloatType(), 256.0))), 16
+                )
+                for i in range(tokens):
+                    total = sums[i][0] if parts == 1 else _fast(builder.fadd(*sums[i]))
+                    _add_scaled(builder, accs[i][c], total, scale)
+
+            if scaled:
+                groups = builder.udiv(steps, ir.Constant(i64, FP8_BLOCK // F32_STEP))
+                _chained_blocks(builder, groups, chains, add_group)
+            else:
+                _chained_blocks(builder, steps, chains, add_step)
+            _store_dots(builder, dots_ptr, o, accs)
+
+        _by_token_count(builder, n, dot_rows)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def bf16_f32_dot_rows(typingctx, w, x, sel, t0, n, steps, s, dots, o):
+    """dots[o + i] = the dot of the bf16 row w (bits, [16 steps]) and the float32 row
+    x[sel[t0 + i]], float32, for i < n (1 to DOT_TOKENS): each weight widened in registers (a
+    shift), no decoded copy written; every token in one pass. s is not read."""
+
+    def weights_of(builder, w_ptr, j):
+        v16i16, v16i32 = ir.VectorType(ir.IntType(16), F32_STEP), ir.VectorType(ir.IntType(32), 16)
+        bits = builder.load(builder.gep(builder.bitcast(w_ptr, v16i16.as_pointer()), [j]), align=2)
+        wide = builder.shl(builder.zext(bits, v16i32), _const(v16i32, 16))
+        return builder.bitcast(wide, ir.VectorType(ir.FloatType(), F32_STEP))
+
+    return types.void(w, x, sel, t0, n, steps, s, dots, o), _f32_dot_rows(weights_of)
+
+
+@intrinsic
+def e4m3_f32_dot_rows(typingctx, codes, x, sel, t0, n, steps, s, dots, o):
+    """dots[o + i] = the dot of fp8_block's row (e4m3 codes [16 steps], whole 128-blocks, a
+    scale s[j // 128] per 128 columns) and the float32 row x[sel[t0 + i]], for i < n (1 to
+    DOT_TOKENS): codes decoded in registers (_e4m3_f32_scaled), once for every token, each
+    block's scale applied to its sum."""
+
+    def weights_of(builder, w_ptr, j):
+        v16i8 = ir.VectorType(ir.IntType(8), F32_STEP)
+        packed = builder.load(builder.gep(builder.bitcast(w_ptr, v16i8.as_pointer()), [j]),
+                              align=1)  # fmt: skip
+        return _e4m3_f32_scaled(builder, packed)
+
+    return types.void(codes, x, sel, t0, n, steps, s, dots, o), _f32_dot_rows(weights_of, True)

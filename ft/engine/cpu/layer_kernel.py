@@ -11,10 +11,12 @@ split so that every worker streams contiguous rows:
   barrier (the down projection needs every worker's act);
   phase 2: worker w takes rows [d0, d1) of D of w2 (each a contiguous row of I) and writes
            out[:, d0:d1], summed over experts: no partial sums to reduce, no shared writes.
-Per row the weights are decoded into a float32 buffer in L1 (vectorised: bf16 by a shift,
-int8 by a convert, e4m3 by bit arithmetic, e2m1 by vpshufb, 32 at a time), then dotted with each of
-the row's tokens in float32. Scales that are constant along a row (int8's per-row scale,
-nvfp4's per-tensor scale) multiply the dot product, not the weights.
+On AVX2 hosts without the bf16 dot, bf16 and fp8_block rows are decoded in registers (bf16 by a
+shift, e4m3 by F16C) and dotted with up to four float32 tokens a pass (float_dots). Elsewhere a
+row's weights are decoded into a float32 buffer in L1 (vectorised: bf16 by a shift, int8 by a
+convert, e4m3 by bit arithmetic, e2m1 by vpshufb, 32 at a time), then dotted with each of the
+row's tokens in float32. Scales that are constant along a row (int8's per-row scale, nvfp4's
+per-tensor scale) multiply the dot product, not the weights.
 int8 experts with up to four tokens in the call (INT_DOT_TOKENS), and nvfp4's of up to
 NVFP4_INT_TOKENS on AVX2, skip the decode: the tokens' x (and, after the barrier,
 their act) is rounded to int8 per block of 32 (llama.cpp's Q8_0), and each weight row is dotted
@@ -46,6 +48,8 @@ from ft.engine.cpu.intrinsics import (
     BF16_BLOCK,
     DOT_TOKENS,
     E2M1_X2,
+    F16C,
+    F32_STEP,
     FP8_BLOCK,
     Q8_BLOCK,
     WIDE_BIAS,
@@ -58,6 +62,7 @@ from ft.engine.cpu.intrinsics import (
     bf16_dot_rows,
     bf16_dot_rows_per_16,
     bf16_dot_rows_per_128,
+    bf16_f32_dot_rows,
     bits_of_f32,
     cycles,
     decode_e2m1,
@@ -65,6 +70,7 @@ from ft.engine.cpu.intrinsics import (
     decode_e4m3,
     decode_int8,
     e4m3_dot_rows,
+    e4m3_f32_dot_rows,
     e4m3_value,
     f32_of_bits,
     nvfp4_q8_dot_rows,
@@ -524,6 +530,50 @@ def _bf16_tails(fmt, w, scales, vb, sel, t0, t1, cols, dots):
         dots[t - t0] += tail
 
 
+# -- float32 activations: the rest ----------------------------------------------------------
+
+# bf16 and fp8_block rows on AVX2 hosts without the bf16 dot are decoded in registers and dotted
+# with every token in one pass (bf16_f32_dot_rows, e4m3_f32_dot_rows; e4m3 by F16C's vcvtph2ps),
+# where they were decoded into L1, then dotted once per token. One AVX2-only EPYC core, rows of
+# 2048 from L2: bf16 T=1 287-349 -> 165 ns, T=4 637-828 -> 282; fp8_block T=1 734-766 -> 251,
+# T=4 1084-1233 -> 370. Pool, two threads, k=8, alternated twice: bf16 T=1 17.1-17.5 ->
+# 19.8-20.5 GB/s, T=4 9.8 -> 15.4; fp8_block T=1 5.3-5.6 -> 12.8-12.9, T=4 3.6-3.7 -> 7.3-8.1.
+FUSED_F32 = AVX2 and F16C
+
+
+@jit()
+def f32_fused(fmt, cols):
+    """Whether rows of `cols` columns of `fmt` take the fused float32 dot: bf16 of whole steps,
+    fp8_block of whole 128-blocks, on AVX2 hosts."""
+    if not FUSED_F32:
+        return False
+    return (fmt == BF16 and cols % F32_STEP == 0) or (fmt == FP8 and cols % FP8_BLOCK == 0)
+
+
+@jit(fastmath=True, inline="always")  # as bf16_dots
+def float_dots(fmt, parts, proj, r, cols, inter, buf, groups, v, sel, t0, t1, dots):
+    """dots[t - t0] = (row r of projection `proj`) . v[sel[t]] for t in [t0, t1), v float32: by
+    the fused dot where f32_fused (up to DOT_TOKENS tokens a pass over the row), else the row
+    decoded into buf and dotted with each token."""
+    if f32_fused(fmt, cols):
+        steps = cols // F32_STEP
+        if fmt == BF16:
+            w = carray(address(parts[proj] + 2 * r * cols), (cols,), np.uint16)
+            for t in range(t0, t1, DOT_TOKENS):
+                bf16_f32_dot_rows(w, v, sel, t, min(DOT_TOKENS, t1 - t), steps, groups, dots,
+                                  t - t0)  # fmt: skip
+            return
+        codes = carray(address(parts[proj] + r * cols), (cols,), np.uint8)
+        scales = _fp8_scales(parts, proj, r, cols, inter)
+        for t in range(t0, t1, DOT_TOKENS):
+            e4m3_f32_dot_rows(codes, v, sel, t, min(DOT_TOKENS, t1 - t), steps, scales, dots,
+                              t - t0)  # fmt: skip
+        return
+    scale = decode_row(fmt, parts, proj, r, cols, inter, buf, groups)
+    for t in range(t0, t1):
+        dots[t - t0] = _dot(buf, v[sel[t]], cols) * scale
+
+
 @jit(fastmath=True)
 def _silu(a):
     return a / (np.float32(1.0) + np.exp(-a))
@@ -614,13 +664,13 @@ def run_call(plan, worker, ctrl, gen):
                     act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
             continue
         for i in range(i0, i1):
-            gate_scale = decode_row(fmt, parts, W13, i, hidden, inter, buf, groups)
+            float_dots(fmt, parts, W13, i, hidden, inter, buf, groups, x, rows, t0, t1, dots)
             for t in range(t0, t1):
-                act[t, i] = _dot(buf, x[rows[t]], hidden) * gate_scale
-            up_scale = decode_row(fmt, parts, W13, inter + i, hidden, inter, buf, groups)
+                act[t, i] = dots[t - t0]  # gate
+            float_dots(fmt, parts, W13, inter + i, hidden, inter, buf, groups, x, rows, t0, t1,
+                       dots)  # fmt: skip
             for t in range(t0, t1):
-                up = _dot(buf, x[rows[t]], hidden) * up_scale
-                act[t, i] = _silu(act[t, i]) * up * weights[t]
+                act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
 
     # every worker's act is needed below: wait for all of this call's phase 1
     _stamp(plan, worker, ARRIVED)
@@ -653,9 +703,9 @@ def run_call(plan, worker, ctrl, gen):
                     out[rows[t], d] += dots[t - t0]
             continue
         for d in range(d0, d1):
-            scale = decode_row(fmt, parts, W2, d, inter, inter, buf, groups)
+            float_dots(fmt, parts, W2, d, inter, inter, buf, groups, act, same, t0, t1, dots)
             for t in range(t0, t1):
-                out[rows[t], d] += _dot(buf, act[t], inter) * scale
+                out[rows[t], d] += dots[t - t0]
     _stamp(plan, worker, FINISHED)
 
 
