@@ -42,8 +42,12 @@ def projection(fmt: int, rows: int, cols: int, rng) -> tuple[np.ndarray, list[np
 
 @njit(fastmath=True)
 def _rows(fmt, parts, rows, cols, reps, tokens, buf, wb, groups, vq, vs, vc, vb, xf, sel, dots):
-    """reps passes over `rows` rows, each dotted with `tokens` tokens as run_call does."""
+    """reps passes over `rows` rows, each dotted with `tokens` tokens as run_call does (its
+    buffers, like the call's, without reference counts)."""
     integer, bf16 = K.integer_dot(fmt, tokens), K.bf16_dotted(fmt)
+    parts, buf, wb, groups = K.unowned(parts), K.unowned(buf), K.unowned(wb), K.unowned(groups)
+    vq, vs, vc, vb = K.unowned(vq), K.unowned(vs), K.unowned(vc), K.unowned(vb)
+    xf, sel, dots = K.unowned(xf), K.unowned(sel), K.unowned(dots)
     for _ in range(reps):
         for r in range(rows):
             if integer:
