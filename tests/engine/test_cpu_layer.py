@@ -159,9 +159,9 @@ def test_fused_float_dots_equal_the_float64_dot_of_the_decoded_row(fmt, cols, to
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 6])
-# 304: a last partial block of 32 (one group); the others whole blocks of nvfp4's wide dot on
-# AVX2 hosts (32 columns), 128 and 2048 also on AVX512-VNNI hosts (64)
-@pytest.mark.parametrize("cols", [32, 96, 128, 304, 2048])
+# 304: a last partial block of 32 (one group); 32 and 96: no whole block of nvfp4's wide dot
+# (64 columns); 128, 192 (an odd count of blocks: the accumulators' last round) and 2048 whole
+@pytest.mark.parametrize("cols", [32, 96, 128, 192, 304, 2048])
 @pytest.mark.parametrize("fmt", ["int8", "nvfp4"])
 def test_int_dots_equal_the_float64_dot_of_the_integers(fmt, cols, tokens):
     """int_dots (q8_dot_rows / nvfp4_q8_dot_rows / nvfp4_q8_dot_rows_wide: up to DOT_TOKENS

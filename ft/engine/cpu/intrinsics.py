@@ -468,52 +468,61 @@ def nvfp4_q8_dot_rows(typingctx, w, x, xs, sel, t0, n, blocks, gs, dots, o):
     return types.void(w, x, xs, sel, t0, n, blocks, gs, dots, o), codegen
 
 
-# nvfp4's wide integer dot: one block of WIDE_BLOCK elements an instruction, 64 with AVX512-VNNI
-# and -BW (Ice Lake, Sapphire Rapids, Zen 4), 32 with AVX2. The activation is laid out for it once
-# per call (layer_kernel._quantize_wide), so that a row needs no shuffle: per block its codes'
-# low nibbles (the even elements) then its high nibbles (the odd ones), the activation's bytes in
-# that order; the weights are the unsigned twice-e2m1 + WIDE_BIAS (0..24: x86 multiplies unsigned
-# by signed bytes, so no sign is moved onto x per token; 2 * 24 * 127 < 2^15, so AVX2's 16-bit
-# pair sums hold), and each lane's sum starts from
-# -WIDE_BIAS times the sum of its four activation bytes, which leaves it exact.
-WIDE_BLOCK = 64 if AVX512VNNI else 32  # elements a block: half as many code bytes
-WIDE_LANES = WIDE_BLOCK // 4  # int32 lanes of a block's dot, 4 bytes each
+# nvfp4's wide integer dot: blocks of 64 elements, one instruction's (vpdpbusd) with AVX512-VNNI
+# and -BW (Ice Lake, Sapphire Rapids, Zen 4), two halves' with AVX2. The activation is laid out
+# for it once per call (layer_kernel._quantize_wide), so that a row needs no shuffle: per block its
+# codes' low nibbles (the even elements) then its high nibbles (the odd ones), the activation's
+# bytes in that order; the weights are the unsigned twice-e2m1 + WIDE_BIAS (0..24: x86 multiplies
+# unsigned by signed bytes, so no sign is moved onto x per token; 2 * 24 * 127 < 2^15, so AVX2's
+# 16-bit pair sums hold), and each lane's sum starts from -WIDE_BIAS times the sum of its
+# activation bytes, which leaves it exact. A block's 16 quads (4 neighbouring bytes: quad q < 8
+# the even elements of 8q .. 8q + 7, quad q + 8 their odd ones) are 16 int32 lanes with
+# AVX512-VNNI; with AVX2 the even and odd halves are dotted apart and their sums added in 8 lanes
+# (lane l: quads l and l + 8), so each lane's scale serves both halves: one float conversion and
+# multiply-add per 64 elements, where blocks of 32 took one per 32 and a shuffle per 32 to split
+# the nibbles (one AVX2 EPYC core, a row of 2048: one token 154 -> 106 ns, four 298 -> 250).
+WIDE_BLOCK = 64  # elements a block: 32 code bytes
+WIDE_LANES = 16 if AVX512VNNI else 8  # int32 lanes of a block's dot
 WIDE_BIAS = 12  # -min(twice e2m1)
-# lane l's 16-column group and 32-column activation block within its block: the first half of
-# the lanes hold the even elements 8l .. 8l + 6, the second half the odd ones
-WIDE_LANE_GROUP = tuple((lane % (WIDE_LANES // 2)) // 2 for lane in range(WIDE_LANES))
-WIDE_LANE_Q8 = tuple((lane % (WIDE_LANES // 2)) // 4 for lane in range(WIDE_LANES))
+# lane l's 16-column group and 32-column activation block within its block (elements 8l' ..
+# 8l' + 7, l' = l % 8)
+WIDE_LANE_GROUP = tuple((lane % 8) // 2 for lane in range(WIDE_LANES))
+WIDE_LANE_Q8 = tuple((lane % 8) // 4 for lane in range(WIDE_LANES))
 
 
 def _wide_weights(builder, packed, table):
-    """<WIDE_BLOCK x i8> unsigned twice-e2m1 + WIDE_BIAS of WIDE_BLOCK / 2 packed code bytes: the
-    low nibbles, then the high ones; vpshufb from `table` (AVX2 or AVX512-BW), generic arithmetic
-    elsewhere (it compiles everywhere; only AVX2 hosts run it)."""
+    """The unsigned twice-e2m1 + WIDE_BIAS of a block's 32 packed code bytes, as the dot takes
+    them: one <64 x i8> (the low nibbles, then the high ones) with AVX512-VNNI, else two <32 x
+    i8> (the low nibbles; the high ones); vpshufb from `table` (AVX2 or AVX512-BW), generic
+    arithmetic elsewhere (it compiles everywhere; only AVX2 hosts run it)."""
     half = packed.type
-    vec = ir.VectorType(ir.IntType(8), 2 * half.count)
-    both = ir.Constant(ir.VectorType(ir.IntType(32), vec.count), list(range(vec.count)))
-    nibbles = builder.shuffle_vector(packed, builder.lshr(packed, _const(half, 4)), both)
-    codes = builder.and_(nibbles, _const(vec, 15))
+    lo = builder.and_(packed, _const(half, 15))
+    hi = builder.and_(builder.lshr(packed, _const(half, 4)), _const(half, 15))
     if AVX512VNNI:
-        return _call(builder, "llvm.x86.avx512.pshuf.b.512", vec, [table, codes])
+        vec = ir.VectorType(ir.IntType(8), 2 * half.count)
+        both = ir.Constant(ir.VectorType(ir.IntType(32), vec.count), list(range(vec.count)))
+        codes = builder.shuffle_vector(lo, hi, both)
+        return [_call(builder, "llvm.x86.avx512.pshuf.b.512", vec, [table, codes])]
     if AVX2:
-        return _call(builder, "llvm.x86.avx2.pshuf.b", vec, [table, codes])
-    return builder.add(_e2m1_x2_arithmetic(builder, codes), _const(vec, WIDE_BIAS))
+        return [_call(builder, "llvm.x86.avx2.pshuf.b", half, [table, c]) for c in (lo, hi)]
+    return [builder.add(_e2m1_x2_arithmetic(builder, c), _const(half, WIDE_BIAS)) for c in (lo, hi)]
 
 
 @intrinsic
 def nvfp4_q8_dot_rows_wide(typingctx, w, x, xs, xc, sel, t0, n, blocks, gs, dots, o):
-    """nvfp4_q8_dot_rows, a block of WIDE_BLOCK elements an instruction: dots[o + i] = sum over
-    blocks b < blocks of the twice-e2m1 codes of w times the activation row r = sel[t0 + i], in
-    integers per lane, times its group's scale gs[b * WIDE_BLOCK / 16 + WIDE_LANE_GROUP[lane]]
-    and the lane's activation scale xs[r, b * WIDE_LANES + lane]. x int8 [T, C], xs float32
-    [T, C / 4], xc int32 [T, C / 4]: the activation in the wide layout
+    """nvfp4_q8_dot_rows by blocks of WIDE_BLOCK elements: dots[o + i] = sum over blocks b <
+    blocks of the twice-e2m1 codes of w times the activation row r = sel[t0 + i], in integers per
+    lane, times its group's scale gs[b * WIDE_BLOCK / 16 + WIDE_LANE_GROUP[lane]] and the lane's
+    activation scale xs[r, b * WIDE_LANES + lane]. x int8 [T, C], xs float32 and xc int32
+    [T, C / WIDE_BLOCK * WIDE_LANES]: the activation in the wide layout
     (layer_kernel._quantize_wide); w uint8 [C / 2], two codes a byte (element 2j low nibble); gs
     float32 [C / 16]."""
 
     def codegen(context, builder, signature, args):
         i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-        packed, block = ir.VectorType(i8, WIDE_BLOCK // 2), ir.VectorType(i8, WIDE_BLOCK)
+        packed = ir.VectorType(i8, WIDE_BLOCK // 2)
+        halves = 1 if AVX512VNNI else 2  # the weights' vectors a block (_wide_weights)
+        part = ir.VectorType(i8, WIDE_BLOCK // halves)
         lanes_i32, lanes_f32 = ir.VectorType(i32, WIDE_LANES), ir.VectorType(f32, WIDE_LANES)
         t0, n, blocks, o = args[5], args[6], args[7], args[10]
         w, x, xs, xc, sel, gs, dots = (context.make_array(signature.args[j])(context, builder,
@@ -521,28 +530,32 @@ def nvfp4_q8_dot_rows_wide(typingctx, w, x, xs, xc, sel, t0, n, blocks, gs, dots
         w_ptr = builder.bitcast(w.data, packed.as_pointer())
         gs_ptr = builder.bitcast(gs.data, ir.VectorType(f32, WIDE_BLOCK // 16).as_pointer())
         dots_ptr, sel_ptr, arrays = dots.data, sel.data, (x, xs, xc)
-        table = ir.Constant(block, [v + WIDE_BIAS for v in E2M1_X2] * (WIDE_BLOCK // 16))
+        table = ir.Constant(part, [v + WIDE_BIAS for v in E2M1_X2] * (part.count // 16))
 
         def dot_rows(tokens):
             chains = max(1, Q8_CHAINS // tokens)
             rows = []
             for i in range(tokens):
                 x_row, s_row, c_row = (_selected_row(builder, a, sel_ptr, t0, i) for a in arrays)
-                rows.append((builder.bitcast(x_row, block.as_pointer()),
+                rows.append((builder.bitcast(x_row, part.as_pointer()),
                              builder.bitcast(s_row, lanes_f32.as_pointer()),
                              builder.bitcast(c_row, lanes_i32.as_pointer())))  # fmt: skip
             accs = _accumulators(builder, lanes_f32, tokens, chains)
 
             def add_block(b, c):
-                wv = _wide_weights(builder, builder.load(builder.gep(w_ptr, [b]), align=1), table)
+                weights = _wide_weights(builder, builder.load(builder.gep(w_ptr, [b]), align=1),
+                                        table)  # fmt: skip
                 groups = builder.load(builder.gep(gs_ptr, [b]), align=4)
                 gsv = _lanes(builder, groups, WIDE_LANE_GROUP)
                 for i, (x_row, s_row, c_row) in enumerate(rows):
-                    xv = builder.load(builder.gep(x_row, [b]), align=1)
-                    start = builder.load(builder.gep(c_row, [b]), align=4)
-                    sums = builder.sitofp(_quad_sums(builder, start, wv, xv), lanes_f32)
+                    sums = builder.load(builder.gep(c_row, [b]), align=4)
+                    for h, wv in enumerate(weights):
+                        at = builder.add(builder.mul(b, ir.Constant(b.type, halves)),
+                                         ir.Constant(b.type, h))  # fmt: skip
+                        xv = builder.load(builder.gep(x_row, [at]), align=1)
+                        sums = _quad_sums(builder, sums, wv, xv)
                     scale = _fast(builder.fmul(gsv, builder.load(builder.gep(s_row, [b]), align=4)))
-                    _add_scaled(builder, accs[i][c], sums, scale)
+                    _add_scaled(builder, accs[i][c], builder.sitofp(sums, lanes_f32), scale)
 
             _chained_blocks(builder, blocks, chains, add_block)
             _store_dots(builder, dots_ptr, o, accs)

@@ -22,8 +22,9 @@ NVFP4_INT_TOKENS on AVX2, skip the decode: the tokens' x (and, after the barrier
 their act) is rounded to int8 per block of 32 (llama.cpp's Q8_0), and each weight row is dotted
 with every token in one pass, in integer lanes (intrinsics.q8_dot_rows: vpdpbusd, or vpmaddubsw
 + vpmaddwd on AVX2; nvfp4_q8_dot_rows: its codes to integers by vpshufb first;
-nvfp4_q8_dot_rows_wide: a block of 64 codes an instruction (32 on AVX2), against an activation
-laid out for it once per call by _quantize_wide), times the block scales and the row's scales.
+nvfp4_q8_dot_rows_wide: blocks of 64 codes, one instruction's with AVX512-VNNI, two halves'
+on AVX2, against an activation laid out for it once per call by _quantize_wide), times the
+block scales and the row's scales.
 On AVX512-BF16 hosts every other expert takes the bf16 dot (bf16_dotted): x (and act) is rounded
 to bf16 once per call (llama.cpp's vec_dot_type for bf16 weights); a bf16 row is read as it is,
 a quantised one is decoded to bf16 into L1 first (exactly; int8 by a convert, e4m3 and e2m1 in
@@ -289,8 +290,8 @@ def _quantize_q8(v, q, s):
 def _quantize_wide(v, q, s, c):
     """v [n] (n a multiple of WIDE_BLOCK) in nvfp4's wide layout (nvfp4_q8_dot_rows_wide):
     rounded as _quantize_q8, then per WIDE_BLOCK elements q = the codes of its even elements,
-    then of its odd ones; per lane of the block's dot (4 bytes of q), s = the scale of the
-    32-block its elements lie in and c = -WIDE_BIAS times the sum of its 4 codes."""
+    then of its odd ones; per lane of the block's dot, s = the scale of the 32-block its elements
+    lie in and c = -WIDE_BIAS times the sum of its codes (its quads': 4 bytes of q each)."""
     n = v.shape[0]
     lin, scales = np.empty(WIDE_BLOCK, np.int8), np.empty(n // Q8_BLOCK, np.float32)
     _quantize_q8(v, q, scales)
@@ -302,8 +303,9 @@ def _quantize_wide(v, q, s, c):
         for lane in range(WIDE_LANES):
             s[lanes + lane] = scales[b * WIDE_BLOCK // Q8_BLOCK + WIDE_LANE_Q8[lane]]
             total = 0
-            for j in range(4 * lane, 4 * lane + 4):
-                total += np.int32(block[j])
+            for quad in range(lane, WIDE_BLOCK // 4, WIDE_LANES):
+                for j in range(4 * quad, 4 * quad + 4):
+                    total += np.int32(block[j])
             c[lanes + lane] = -WIDE_BIAS * total
 
 
@@ -319,7 +321,7 @@ def act_widths(fmt, cols):
     """(scales, lane starts) per activation row of `cols` quantised for the integer dot: a scale
     per lane of the wide layout and its lane starts where wide_dot, else a scale per 32."""
     if wide_dot(fmt, cols):
-        return cols // 4, cols // 4
+        return cols // WIDE_BLOCK * WIDE_LANES, cols // WIDE_BLOCK * WIDE_LANES
     return (cols + Q8_BLOCK - 1) // Q8_BLOCK, 0
 
 
