@@ -363,3 +363,22 @@ def test_phase_summary_takes_medians_over_calls_of_the_median_and_slowest_worker
     assert summary["return"] == {"median_us": 2.0} and summary["total"] == {"median_us": 60.0}
     assert summary["phase 1 by worker_us"] == [2.0, 4.0, 12.0]
     assert 1e8 < phases_module.cycles_per_second() < 1e11  # a time-stamp counter's rate
+
+
+def test_the_callers_wait_spins_long_only_on_a_core_no_worker_holds():
+    """A caller sharing every core with the workers hardly spins (it would slow one); with a
+    core of its own it spins as long as a worker before it sleeps (a futex wake is ~20 us)."""
+    from ft import cpuinfo
+    from ft.engine.cpu.sync import SHARED_SPIN, SPIN
+
+    allowed = cpuinfo.allowed_cores()
+    with CpuMoeExecutor(threads=len(allowed)) as pool:
+        assert pool._layer.caller_spin == SHARED_SPIN
+    if len(allowed) > 1:
+        with CpuMoeExecutor(threads=len(allowed) - 1) as pool:
+            assert pool._layer.caller_spin == SPIN
+            bank, _ = bank_for("bf16", torch.bfloat16, *SHAPES[0], seed=1)
+            x = torch.randn(1, SHAPES[0][0])
+            ids, weights = routing(1, 2, seed=1)
+            handle = pool.submit_routed(x, bank, "bf16", ids, weights, list(range(EXPERTS)))
+            assert handle.wait().shape == x.shape

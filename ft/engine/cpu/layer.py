@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ft.engine.cpu import layer_kernel as K
 from ft.engine.cpu.compute import ExpertJob, check_parts
 from ft.engine.cpu.phases import CallPhases
-from ft.engine.cpu.sync import control_block
+from ft.engine.cpu.sync import SHARED_SPIN, SPIN, control_block
 from ft.engine.formats import get_format
 
 # (format name, weight dtype) -> the kernel's format and the parts in the plan's order
@@ -141,8 +141,11 @@ class LayerHandle:
 class LayerCalls:
     """The control block the workers wait on, and the plans sent through it."""
 
-    def __init__(self, workers: int, names: list[str]) -> None:
+    def __init__(self, workers: int, names: list[str], own_core: bool = False) -> None:
+        """`own_core`: whether the caller has a core no worker is pinned to (then its wait
+        spins as long as a worker's before it sleeps: sync.SPIN)."""
         self.workers, self.names = workers, names
+        self.caller_spin = SPIN if own_core else SHARED_SPIN
         K.compile_all()
         self.ctrl = control_block(K.CONTROL_WORDS)
         self._gen = 0
@@ -173,7 +176,7 @@ class LayerCalls:
 
     def wait(self, gen: int) -> int:
         """Blocks until call `gen` is done; -> the time-stamp counter as the wait saw it done."""
-        return K.wait_done(self.ctrl, gen, self.workers)
+        return K.wait_done(self.ctrl, gen, self.workers, self.caller_spin)
 
     def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> LayerHandle:
         """Publish the jobs (all of one format, weights on the host) as one call."""

@@ -79,7 +79,7 @@ from ft.engine.cpu.intrinsics import (
     q8_dot_rows,
 )
 from ft.engine.cpu.jit import jit
-from ft.engine.cpu.sync import CALLER_SPIN, WORKER_SPIN, arrive, publish, wait_change, wake
+from ft.engine.cpu.sync import SPIN, arrive, publish, wait_change, wake
 
 # int8 experts with at most this many tokens in a call dot integers (integer_dot), every token
 # in one pass over the row (q8_dot_rows): no decode, and fewer instructions per byte than a
@@ -794,7 +794,7 @@ def serve(ctrl, worker):
     seen = 0  # calls are numbered from 1, and the next is published only after all finish one
     scratch = np.empty(0, np.uint8)  # this worker's buffers, grown to the largest call's
     while True:
-        gen = wait_change(ctrl, GEN, seen, WORKER_SLEEPERS, WORKER_SPIN)
+        gen = wait_change(ctrl, GEN, seen, WORKER_SLEEPERS, SPIN)
         seen = gen
         if atomic_load(ctrl, STOP):
             return
@@ -810,12 +810,12 @@ def serve(ctrl, worker):
 
 
 @jit()
-def wait_done(ctrl, gen, workers):
-    """The caller's wait for call `gen` (GIL released: the engine's other threads run); returns
-    the time-stamp counter when it saw the call done."""
+def wait_done(ctrl, gen, workers, spin):
+    """The caller's wait for call `gen` (GIL released: the engine's other threads run), `spin`
+    pause rounds before each sleep; returns the time-stamp counter when it saw the call done."""
     now = atomic_load(ctrl, DONE)
     while now < gen * workers:
-        now = wait_change(ctrl, DONE, now, CALLER_SLEEPERS, CALLER_SPIN)
+        now = wait_change(ctrl, DONE, now, CALLER_SLEEPERS, spin)
     return cycles()
 
 
@@ -933,7 +933,7 @@ def compile_all() -> None:
     no worker or decode step pays for it."""
     ctrl, word = types.int64[::1], types.int64
     serve.compile((ctrl, word))
-    wait_done.compile((ctrl, word, word))
+    wait_done.compile((ctrl, word, word, word))
     start_call.compile((ctrl, word, word))
     stop.compile((ctrl, word))
     i64 = types.int64[::1]

@@ -156,7 +156,9 @@ class CpuMoeExecutor:
         (ft.engine.cpu.layer); float32 / native: they take row-block tasks from a queue."""
         from ft.engine.cpu.layer import LayerCalls  # numba: imported where it is used
 
-        return LayerCalls(self.threads, [f"{THREAD_PREFIX}{k}" for k in range(self.threads)])
+        own_core = bool(set(cpuinfo.allowed_cores()) - set(self.cores))  # no worker pinned there
+        names = [f"{THREAD_PREFIX}{k}" for k in range(self.threads)]
+        return LayerCalls(self.threads, names, own_core)
 
     def _start_worker(self, k: int) -> threading.Thread:
         t = threading.Thread(
