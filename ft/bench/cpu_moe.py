@@ -110,7 +110,8 @@ def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print,
             fmt = FORMATS[name]
             progress(f"{name}: filling a {cfg.store_gib:g} GiB store")
             count = max(4 * max(cfg.experts_per_call), int(cfg.store_gib * 2**30 / _bytes(fmt)) + 1)
-            _, bank = fmt.make_store(count, HIDDEN, INTER, pin=False)
+            # pinned where the engine's store is (CUDA hosts), on huge pages elsewhere, as its
+            _, bank = fmt.make_store(count, HIDDEN, INTER, pin=torch.cuda.is_available())
             other = None
             if peer is not None:
                 progress(f"{name}: {peer.name} loads the store")

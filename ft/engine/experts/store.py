@@ -15,6 +15,7 @@ device copy of a layer is its blocks, copied whole, read through the same views 
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -27,10 +28,33 @@ ALIGN = 64  # bytes: each part's start in a block, and the block's size, a multi
 def expert_blocks(count: int, parts: dict[str, Part], **alloc) -> tuple[torch.Tensor, Parts]:
     """-> (blocks [count, block bytes] uint8, part name -> a view [count, *shape] of them):
     `count` experts' parts side by side, each expert's part contiguous and aligned; `alloc`:
-    torch.empty's device or pin_memory."""
+    torch.empty's device or pin_memory. Host blocks that are not pinned lie on huge pages
+    (huge_page_bytes)."""
     size = sum(_aligned(part.nbytes) for part in parts.values())
-    blocks = torch.empty(count, size, dtype=torch.uint8, **alloc)
+    if alloc.get("pin_memory") or torch.device(alloc.get("device") or "cpu").type != "cpu":
+        blocks = torch.empty(count, size, dtype=torch.uint8, **alloc)
+    else:
+        blocks = huge_page_bytes(count * size).view(count, size)
     return blocks, block_views(blocks, parts)
+
+
+HUGE_PAGE = 2 << 20  # x86-64's transparent huge page
+
+
+def huge_page_bytes(nbytes: int) -> torch.Tensor:
+    """`nbytes` of zeroed host memory (uint8) from an anonymous mapping advised onto transparent
+    huge pages before anything touches it, its start on a huge page's boundary. The CPU pool
+    streams experts with one TLB entry per 2 MiB instead of per 4 KiB (a bf16 row of 2048 is a
+    page): two threads of the 2-core EPYC VM read bf16 experts at 27.2-27.8 GB/s against
+    20.4-20.5 on 4 KiB pages, int8 at 22.6-22.8 against 18.3 (one token, 8 experts a call). Where
+    the kernel's THP is "never" the advice is ignored and the pages stay 4 KiB. Pinned memory
+    (CUDA's page-locked allocator) is allocated elsewhere."""
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping while it lives
+    start = -whole.data_ptr() % HUGE_PAGE
+    return whole[start : start + nbytes]
 
 
 def block_views(blocks: torch.Tensor, parts: dict[str, Part]) -> Parts:
