@@ -244,9 +244,11 @@ class CpuMoeExecutor:
         topk_weights, experts, fmt)), where the layer kernel reads the bank without a job per
         expert (the plan from the bank's addresses). x [T, D], topk_ids / topk_weights [T, K] and
         the bank (part -> [E, ...], format `fmt`) on the CPU."""
+        # the layer kernel's workers leave it only at close(): no thread to check per call (15
+        # is_alive() cost ~47 us right after a call had streamed the caches)
         layer = self._layer
         reads = layer is not None and layer.reads(fmt, bank["w13"].dtype)
-        if self.force_inline or not self.alive or not reads:
+        if self.force_inline or self._closed or not reads:
             return self.submit(x, expert_jobs(bank, topk_ids, topk_weights, experts, fmt))
         _check_on_cpu(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights))
         handle = layer.submit_routed(x, bank, fmt, topk_ids, topk_weights, experts)
