@@ -320,7 +320,9 @@ def test_mixed_formats_in_one_call_are_refused():
 def test_stamped_calls_give_each_workers_phases_in_order():
     """With stamping on, each worker stamps its start, prep, barrier arrival and pass, and end:
     in that order, after the caller's publish and before its wait returns; no worker passes the
-    barrier before every worker arrived; the result is the unstamped call's, bit for bit."""
+    barrier before every worker arrived; the result is the unstamped call's, bit for bit.
+    Stamps of two cores are compared with a microsecond's slack (their counters may differ by
+    a few cycles); a worker's own stamps, on its one core, with none."""
     hidden, inter = SHAPES[1]
     bank, _ = bank_for("nvfp4", None, hidden, inter, seed=7)
     x = torch.randn(2, hidden, generator=torch.Generator().manual_seed(2))
@@ -334,16 +336,17 @@ def test_stamped_calls_give_each_workers_phases_in_order():
         assert torch.equal(handle.wait(), want)
         stamps = handle.stamps
         assert stamps.shape == (3, layer_kernel.STAMP_COUNT)
-        points = [handle.published, *stamps.max(axis=0)]
-        assert (stamps[:, :-1] <= stamps[:, 1:]).all() and (stamps[:, 0] >= handle.published).all()
-        assert stamps[:, layer_kernel.ARRIVED].max() <= stamps[:, layer_kernel.PASSED].min()
-        assert points[-1] <= handle.returned
+        slack = int(phases_module.cycles_per_second() * 1e-6)
+        assert (stamps[:, :-1] <= stamps[:, 1:]).all()
+        assert (stamps[:, 0] >= handle.published - slack).all()
+        assert stamps[:, layer_kernel.ARRIVED].max() <= stamps[:, layer_kernel.PASSED].min() + slack
+        assert stamps[:, layer_kernel.FINISHED].max() <= handle.returned + slack
         phases = handle.phases()
         assert sorted(phases.workers) == sorted(phases_module.WORKER_PHASES)
         for name, seconds in phases.workers.items():
-            assert seconds.shape == (3,) and (seconds >= 0).all(), name
-            assert (seconds <= phases.total_s).all(), name
-        assert phases.total_s > 0 and phases.returned_s >= 0
+            assert seconds.shape == (3,) and (seconds >= -1e-6).all(), name
+            assert (seconds <= phases.total_s + 1e-6).all(), name
+        assert phases.total_s > 0 and phases.returned_s >= -1e-6
         assert pool.stamp_phases(False)
         again = pool.submit_routed(x, bank, "nvfp4", ids, weights, list(range(EXPERTS)))
         assert torch.equal(again.wait(), want) and again.phases() is None
