@@ -543,7 +543,7 @@ def _bf16_tails(fmt, w, scales, vb, sel, t0, t1, cols, dots):
 # bf16 and fp8_block rows on AVX2 hosts without the bf16 dot are decoded in registers and dotted
 # with every token in one pass (bf16_f32_dot_rows, e4m3_f32_dot_rows; e4m3 by F16C's vcvtph2ps),
 # where they were decoded into L1, then dotted once per token. One AVX2-only EPYC core, rows of
-# 2048 from L2: bf16 T=1 287-349 -> 165 ns, T=4 637-828 -> 282; fp8_block T=1 734-766 -> 251,
+# 2048 from L2: bf16 T=1 287-349 -> 165 ns, T=4 637-828 -> 282-327; fp8_block T=1 734-766 -> 251,
 # T=4 1084-1233 -> 370. Pool, two threads, k=8, alternated twice: bf16 T=1 17.1-17.5 ->
 # 19.8-20.5 GB/s, T=4 9.8 -> 15.4; fp8_block T=1 5.3-5.6 -> 12.8-12.9, T=4 3.6-3.7 -> 7.3-8.1.
 FUSED_F32 = AVX2 and F16C
