@@ -630,11 +630,12 @@ PLAIN, PER_128, PER_16 = 0, 1, 2
 FP8_BLOCK = 128  # fp8_block's columns per scale
 
 
-def _row_dot_operands(context, builder, signature, args, w_block):
+def _row_dot_operands(context, builder, signature, args, w_block, x_block=None):
     """The pointers of a row dot's arguments (w, vb, sel, t0, n, blocks, s, dots, o): w's as
     blocks of the vector type w_block, s's and dots' as they are, and x_row(i): token t0 + i's
-    bf16 activations (row sel[t0 + i] of vb, by its stride: no view) as <32 x i16> blocks."""
-    v32i16 = ir.VectorType(ir.IntType(16), BF16_BLOCK)
+    activations (row sel[t0 + i] of vb, by its stride: no view) as blocks of x_block (default:
+    <32 x i16>, bf16 bits)."""
+    x_block = x_block or ir.VectorType(ir.IntType(16), BF16_BLOCK)
     w_ty, vb_ty, sel_ty, _, _, _, s_ty, dots_ty, _ = signature.args
     w, vb, sel, t0, _, _, s, dots, _ = args
     w_ptr = builder.bitcast(context.make_array(w_ty)(context, builder, w).data,
@@ -643,7 +644,7 @@ def _row_dot_operands(context, builder, signature, args, w_block):
     sel_ptr = context.make_array(sel_ty)(context, builder, sel).data
 
     def x_row(i):
-        return builder.bitcast(_selected_row(builder, vb_ary, sel_ptr, t0, i), v32i16.as_pointer())
+        return builder.bitcast(_selected_row(builder, vb_ary, sel_ptr, t0, i), x_block.as_pointer())
 
     s_ptr = context.make_array(s_ty)(context, builder, s).data
     dots_ptr = context.make_array(dots_ty)(context, builder, dots).data
@@ -944,30 +945,29 @@ def _e4m3_f32_scaled(builder, codes):
     return _fast(builder.fmul(_e4m3_f32(builder, wide), _const(f32x16, 2.0**-8)))
 
 
-def _f32_dot_rows(weights_of, scaled=False):
+def _f32_dot_rows(w_block, weights_of, scaled=False):
     """codegen of a row's dots with up to DOT_TOKENS float32 activation rows in one pass:
-    args (w, x, sel, t0, n, steps, s, dots, o); weights_of(builder, w_ptr, j) -> step j's
-    <16 x float> weights (j an i64 value), fma'd into `chains` accumulators per token. `scaled`:
-    a scale s[j // 8] per 8 steps (fp8_block's 128 columns), applied to each token's sum over
-    them, once, not to every weight."""
+    args (w, x, sel, t0, n, steps, s, dots, o) as _row_dot_operands reads them, w in steps of
+    the vector type w_block; weights_of(builder, step) -> its <16 x float> weights, fma'd into
+    `chains` accumulators per token. `scaled`: a scale s[j // 8] per 8 steps (fp8_block's 128
+    columns), applied to each token's sum over them, once, not to every weight."""
 
     def codegen(context, builder, signature, args):
         i64, f32x16 = ir.IntType(64), ir.VectorType(ir.FloatType(), F32_STEP)
-        w_ty, x_ty, sel_ty, _, _, _, s_ty, dots_ty, _ = signature.args
-        w, x, sel, t0, n, steps, s, dots, o = args
-        w_ptr, s_ptr, dots_ptr, sel_ptr = (context.make_array(ty)(context, builder, a).data
-                                           for ty, a in ((w_ty, w), (s_ty, s), (dots_ty, dots),
-                                                         (sel_ty, sel)))  # fmt: skip
-        x_ary = context.make_array(x_ty)(context, builder, x)
+        n, steps, o = args[4], args[5], args[8]
+        w_ptr, x_row, s_ptr, dots_ptr = _row_dot_operands(context, builder, signature, args,
+                                                          w_block, f32x16)  # fmt: skip
+
+        def weights(j):
+            return weights_of(builder, builder.load(builder.gep(w_ptr, [j]), align=1))
 
         def dot_rows(tokens):
             chains = max(1, F32_CHAINS // tokens)
-            xs = [builder.bitcast(_selected_row(builder, x_ary, sel_ptr, t0, i),
-                                  f32x16.as_pointer()) for i in range(tokens)]  # fmt: skip
+            xs = [x_row(i) for i in range(tokens)]
             accs = _accumulators(builder, f32x16, tokens, chains)
 
             def add_step(j, c):
-                wv = weights_of(builder, w_ptr, j)
+                wv = weights(j)
                 for i in range(tokens):
                     xv = builder.load(builder.gep(xs[i], [j]), align=4)
                     _add_scaled(builder, accs[i][c], wv, xv)
@@ -977,7 +977,7 @@ def _f32_dot_rows(weights_of, scaled=False):
                 sums = [[_const(f32x16, 0.0)] * parts for _ in range(tokens)]
                 for k in range(per):
                     j = builder.add(builder.mul(g, ir.Constant(i64, per)), ir.Constant(i64, k))
-                    wv = weights_of(builder, w_ptr, j)
+                    wv = weights(j)
                     for i in range(tokens):
                         xv = builder.load(builder.gep(xs[i], [j]), align=4)
                         p = sums[i][k % parts]
@@ -1008,14 +1008,16 @@ def bf16_f32_dot_rows(typingctx, w, x, sel, t0, n, steps, s, dots, o):
     """dots[o + i] = the dot of the bf16 row w (bits, [16 steps]) and the float32 row
     x[sel[t0 + i]], float32, for i < n (1 to DOT_TOKENS): each weight widened in registers (a
     shift), no decoded copy written; every token in one pass. s is not read."""
+    v16i16, v16i32 = (
+        ir.VectorType(ir.IntType(16), F32_STEP),
+        ir.VectorType(ir.IntType(32), F32_STEP),
+    )
 
-    def weights_of(builder, w_ptr, j):
-        v16i16, v16i32 = ir.VectorType(ir.IntType(16), F32_STEP), ir.VectorType(ir.IntType(32), 16)
-        bits = builder.load(builder.gep(builder.bitcast(w_ptr, v16i16.as_pointer()), [j]), align=2)
+    def weights_of(builder, bits):
         wide = builder.shl(builder.zext(bits, v16i32), _const(v16i32, 16))
         return builder.bitcast(wide, ir.VectorType(ir.FloatType(), F32_STEP))
 
-    return types.void(w, x, sel, t0, n, steps, s, dots, o), _f32_dot_rows(weights_of)
+    return types.void(w, x, sel, t0, n, steps, s, dots, o), _f32_dot_rows(v16i16, weights_of)
 
 
 @intrinsic
@@ -1024,11 +1026,6 @@ def e4m3_f32_dot_rows(typingctx, codes, x, sel, t0, n, steps, s, dots, o):
     scale s[j // 128] per 128 columns) and the float32 row x[sel[t0 + i]], for i < n (1 to
     DOT_TOKENS): codes decoded in registers (_e4m3_f32_scaled), once for every token, each
     block's scale applied to its sum."""
-
-    def weights_of(builder, w_ptr, j):
-        v16i8 = ir.VectorType(ir.IntType(8), F32_STEP)
-        packed = builder.load(builder.gep(builder.bitcast(w_ptr, v16i8.as_pointer()), [j]),
-                              align=1)  # fmt: skip
-        return _e4m3_f32_scaled(builder, packed)
-
-    return types.void(codes, x, sel, t0, n, steps, s, dots, o), _f32_dot_rows(weights_of, True)
+    v16i8 = ir.VectorType(ir.IntType(8), F32_STEP)
+    return (types.void(codes, x, sel, t0, n, steps, s, dots, o),
+            _f32_dot_rows(v16i8, _e4m3_f32_scaled, True))  # fmt: skip
