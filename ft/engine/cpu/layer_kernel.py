@@ -617,11 +617,12 @@ SCRATCH_ALIGN = 64  # a cache line
 
 
 @jit(inline="always")
-def _piece(at, count, itemsize):
-    """(the address of `count` items of `itemsize` bytes at or after address `at`, aligned to
-    SCRATCH_ALIGN; the address after them)."""
+def _carve(at, shape, dtype):
+    """(an array of `shape` and `dtype` without a reference count, at the first address from
+    `at` aligned to SCRATCH_ALIGN; the address after it)."""
     start = (at + SCRATCH_ALIGN - 1) // SCRATCH_ALIGN * SCRATCH_ALIGN
-    return start, start + count * itemsize
+    a = carray(address(start), shape, dtype)
+    return a, start + a.size * a.itemsize
 
 
 @jit()
@@ -640,36 +641,21 @@ def _buffers(plan, base):
     bx, ba = (tokens, pairs) if bf16_dotted(fmt) else (0, 0)
     xs_width, xc_width = act_widths(fmt, hidden)
     as_width, ac_width = act_widths(fmt, inter)
-    at, end = _piece(base, width, 4)
-    buf = carray(address(at), (width,), np.float32)
-    at, end = _piece(end, width, 2)
-    wb = carray(address(at), (width,), np.uint16)  # a quantised row decoded to bf16 bits
-    at, end = _piece(end, width // NVFP4_GROUP + 1, 4)
-    groups = carray(address(at), (width // NVFP4_GROUP + 1,), np.float32)  # nvfp4's group scales
-    at, end = _piece(end, PARTS, 8)
-    parts = carray(address(at), (PARTS,), np.int64)
-    at, end = _piece(end, pairs, 4)
-    dots = carray(address(at), (pairs,), np.float32)  # a row's dots with an expert's tokens
-    at, end = _piece(end, pairs, 8)
-    same = carray(address(at), (pairs,), np.int64)  # phase 2's vector of pair t is act row t
-    at, end = _piece(end, qx * hidden, 1)
-    xq = carray(address(at), (qx, hidden), np.int8)
-    at, end = _piece(end, qx * xs_width, 4)
-    xs = carray(address(at), (qx, xs_width), np.float32)
-    at, end = _piece(end, qx * xc_width, 4)
-    xc = carray(address(at), (qx, xc_width), np.int32)
-    at, end = _piece(end, qa * inter, 1)
-    aq = carray(address(at), (qa, inter), np.int8)
-    at, end = _piece(end, qa * as_width, 4)
-    as_ = carray(address(at), (qa, as_width), np.float32)
-    at, end = _piece(end, qa * ac_width, 4)
-    ac = carray(address(at), (qa, ac_width), np.int32)
-    at, end = _piece(end, qx, 1)
-    quantized = carray(address(at), (qx,), np.bool_)  # each token's x once
-    at, end = _piece(end, bx * hidden, 2)
-    xb = carray(address(at), (bx, hidden), np.uint16)
-    at, end = _piece(end, ba * inter, 2)
-    ab = carray(address(at), (ba, inter), np.uint16)
+    buf, end = _carve(base, (width,), np.float32)
+    wb, end = _carve(end, (width,), np.uint16)  # a quantised row decoded to bf16 bits
+    groups, end = _carve(end, (width // NVFP4_GROUP + 1,), np.float32)  # nvfp4's group scales
+    parts, end = _carve(end, (PARTS,), np.int64)
+    dots, end = _carve(end, (pairs,), np.float32)  # a row's dots with an expert's tokens
+    same, end = _carve(end, (pairs,), np.int64)  # phase 2's vector of pair t is act row t
+    xq, end = _carve(end, (qx, hidden), np.int8)
+    xs, end = _carve(end, (qx, xs_width), np.float32)
+    xc, end = _carve(end, (qx, xc_width), np.int32)
+    aq, end = _carve(end, (qa, inter), np.int8)
+    as_, end = _carve(end, (qa, as_width), np.float32)
+    ac, end = _carve(end, (qa, ac_width), np.int32)
+    quantized, end = _carve(end, (qx,), np.bool_)  # each token's x once
+    xb, end = _carve(end, (bx, hidden), np.uint16)
+    ab, end = _carve(end, (ba, inter), np.uint16)
     return buf, wb, groups, parts, dots, same, xq, xs, xc, aq, as_, ac, quantized, xb, ab, end
 
 
