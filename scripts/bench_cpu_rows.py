@@ -77,7 +77,6 @@ def main() -> None:
     groups = np.zeros(cols // 16 + 1, np.float32)
     x = rng.standard_normal((tmax, cols)).astype(np.float32)
     vb = rng.integers(0x3C00, 0x3F00, (tmax, cols)).astype(np.uint16)  # bf16 bits
-    xf = x.copy()  # the float path's activations
     sel, dots = np.arange(tmax, dtype=np.int64), np.zeros(tmax, np.float32)
     for name in a.formats.split(","):
         fmt = FORMATS[name]
@@ -87,7 +86,7 @@ def main() -> None:
             K.quantize_act(fmt, x[t], vq[t], vs[t], vc[t])
         for tokens in counts:
             args = (fmt, parts, a.rows, cols)
-            more = (tokens, buf, wb, groups, vq, vs, vc, vb, xf, sel, dots)
+            more = (tokens, buf, wb, groups, vq, vs, vc, vb, x, sel, dots)  # x: the float path's
             _rows(*args, 1, *more)  # compile, warm
             best = float("inf")
             for _ in range(a.repeats):

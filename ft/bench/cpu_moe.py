@@ -110,7 +110,7 @@ def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print,
             fmt = FORMATS[name]
             progress(f"{name}: filling a {cfg.store_gib:g} GiB store")
             count = max(4 * max(cfg.experts_per_call), int(cfg.store_gib * 2**30 / _bytes(fmt)) + 1)
-            # pinned where the engine's store is (CUDA hosts), on huge pages elsewhere, as its
+            # as the engine's store: pinned on CUDA hosts, on huge pages elsewhere
             _, bank = fmt.make_store(count, HIDDEN, INTER, pin=torch.cuda.is_available())
             other = None
             if peer is not None:
