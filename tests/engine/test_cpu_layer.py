@@ -11,6 +11,7 @@ import numba
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ft.bench.cpu_moe import ACT_FLIPS
 from ft.engine.cpu import intrinsics, layer_kernel
@@ -205,6 +206,39 @@ def test_int_dots_equal_the_float64_dot_of_the_integers(fmt, cols, tokens):
         bound = 1e-6 * (x[sel].abs() @ rows[r].abs()) + 1e-6
         assert ((dots.double() - want).abs() <= bound).all(), (dots, want)
     assert keep
+
+
+@pytest.mark.parametrize("cols", [32, 304, 768, 2048])
+@pytest.mark.parametrize("fmt", ["int8", "nvfp4"])
+def test_quantized_activations_are_the_reference_rounding(fmt, cols):
+    """quantize_act's codes and scales are q8_0's exactly (a last partial block, an all-zero
+    block); nvfp4's wide layout (whole blocks of 64) holds each block's even elements' codes,
+    then its odd ones', each lane's 32-block scale and -WIDE_BIAS times its quads' code sum.
+    The pool's kernel compiled first, as in a pool: numba hands a fastmath caller's flag to
+    callees that set none, and reciprocals would round some scales one ulp apart."""
+    layer_kernel.compile_all()
+    gen = torch.Generator().manual_seed(cols)
+    v = torch.randn(cols, generator=gen) * torch.rand(cols, generator=gen) * 4
+    v[: layer_kernel.Q8_BLOCK] = 0  # d = 0: codes 0
+    code = layer_kernel.INT8 if fmt == "int8" else layer_kernel.NVFP4
+    q, s, c = (a[0] for a in layer_kernel.quantized_act(code, 1, cols))
+    layer_kernel.quantize_act(code, v.numpy(), q, s, c)
+    blocks = -(-cols // layer_kernel.Q8_BLOCK)
+    d = (F.pad(v, (0, -cols % 32)).view(blocks, 32).abs().amax(1) / 127).numpy()
+    wide, lanes = layer_kernel.wide_dot(code, cols), intrinsics.WIDE_LANES
+    if wide:
+        block = q.reshape(-1, intrinsics.WIDE_BLOCK)
+        codes = np.stack([block[:, :32], block[:, 32:]], -1).reshape(-1)  # even, odd: in order
+        lane_block = np.array(intrinsics.WIDE_LANE_Q8)
+        assert np.array_equal(s.reshape(-1, lanes), d.reshape(-1, 2)[:, lane_block])
+        quads = block.astype(np.int32).reshape(len(block), 16, 4).sum(-1)  # [blocks, 16]
+        sums = quads.reshape(len(block), 16 // lanes, lanes).sum(1)  # lane l: quads l, l + lanes
+        assert np.array_equal(c.reshape(-1, lanes), -intrinsics.WIDE_BIAS * sums)
+    else:
+        codes = q
+        assert np.array_equal(s, d)
+    values = torch.from_numpy(codes.astype(np.float32) * np.repeat(d, 32)[:cols])
+    assert torch.equal(values, q8_0(v))
 
 
 @numba.njit

@@ -53,7 +53,6 @@ from ft.engine.cpu.intrinsics import (
     F32_STEP,
     FP8_BLOCK,
     Q8_BLOCK,
-    WIDE_BIAS,
     WIDE_BLOCK,
     WIDE_LANE_Q8,
     WIDE_LANES,
@@ -77,6 +76,8 @@ from ft.engine.cpu.intrinsics import (
     nvfp4_q8_dot_rows,
     nvfp4_q8_dot_rows_wide,
     q8_dot_rows,
+    quantize_block,
+    wide_layout,
 )
 from ft.engine.cpu.jit import jit
 from ft.engine.cpu.sync import SPIN, arrive, publish, wait_change, wake
@@ -264,8 +265,11 @@ def _amax(v):
     return m
 
 
-@jit()  # IEEE: d = amax / 127 and v / d exactly (fastmath would take reciprocals), so that a
-def _round_q8(v, q, amax):  # reference can round alike (ft.engine.cpu.layer.q8_0)
+# IEEE (fastmath=False: numba passes a fastmath caller's flag on to callees that set none): d =
+# amax / 127 and v / d exactly, as quantize_block, not by reciprocals, so that a reference can
+# round alike (ft.engine.cpu.layer.q8_0)
+@jit(fastmath=False)
+def _round_q8(v, q, amax):
     d = amax / np.float32(127.0)
     if d > 0:
         for j in range(v.shape[0]):
@@ -275,38 +279,33 @@ def _round_q8(v, q, amax):  # reference can round alike (ft.engine.cpu.layer.q8_
     return d
 
 
-@jit(fastmath=True)
+@jit(fastmath=False)  # as _round_q8
 def _quantize_q8(v, q, s):
     """q[:n] int8 codes, s[ceil(n / 32)] float32 scales: v [n] as llama.cpp's Q8_0, each block of
     32 elements q = rint(v / d), d = amax(block) / 127 (an all-zero block: d = 0, q = 0). The
-    error per element is at most d / 2 = amax(block) / 254."""
-    n = v.shape[0]
-    for b in range(s.shape[0]):
-        lo, hi = b * Q8_BLOCK, min(n, (b + 1) * Q8_BLOCK)
-        s[b] = _round_q8(v[lo:hi], q[lo:hi], _amax(v[lo:hi]))
+    error per element is at most d / 2 = amax(block) / 254. Whole blocks by quantize_block (in
+    vector lanes), a last partial one here."""
+    full = v.shape[0] // Q8_BLOCK
+    for b in range(full):
+        s[b] = quantize_block(v, b * Q8_BLOCK, q, b * Q8_BLOCK)
+    if full < s.shape[0]:
+        tail = full * Q8_BLOCK
+        s[full] = _round_q8(v[tail:], q[tail:], _amax(v[tail:]))
 
 
-@jit(fastmath=True)
+@jit(fastmath=False)  # as _round_q8
 def _quantize_wide(v, q, s, c):
     """v [n] (n a multiple of WIDE_BLOCK) in nvfp4's wide layout (nvfp4_q8_dot_rows_wide):
     rounded as _quantize_q8, then per WIDE_BLOCK elements q = the codes of its even elements,
     then of its odd ones; per lane of the block's dot, s = the scale of the 32-block its elements
     lie in and c = -WIDE_BIAS times the sum of its codes (its quads': 4 bytes of q each)."""
-    n = v.shape[0]
-    lin, scales = np.empty(WIDE_BLOCK, np.int8), np.empty(n // Q8_BLOCK, np.float32)
-    _quantize_q8(v, q, scales)
-    for b in range(n // WIDE_BLOCK):
-        block, lanes = q[b * WIDE_BLOCK : (b + 1) * WIDE_BLOCK], b * WIDE_LANES
-        lin[:] = block
-        for p in range(WIDE_BLOCK // 2):
-            block[p], block[WIDE_BLOCK // 2 + p] = lin[2 * p], lin[2 * p + 1]
+    lin = np.empty(WIDE_BLOCK, np.int8)
+    for b in range(v.shape[0] // WIDE_BLOCK):
+        at, lanes = b * WIDE_BLOCK, b * WIDE_LANES
+        d0, d1 = quantize_block(v, at, lin, 0), quantize_block(v, at + Q8_BLOCK, lin, Q8_BLOCK)
+        wide_layout(lin, q, at, c, lanes)
         for lane in range(WIDE_LANES):
-            s[lanes + lane] = scales[b * WIDE_BLOCK // Q8_BLOCK + WIDE_LANE_Q8[lane]]
-            total = 0
-            for quad in range(lane, WIDE_BLOCK // 4, WIDE_LANES):
-                for j in range(4 * quad, 4 * quad + 4):
-                    total += np.int32(block[j])
-            c[lanes + lane] = -WIDE_BIAS * total
+            s[lanes + lane] = d1 if WIDE_LANE_Q8[lane] else d0
 
 
 @jit()
