@@ -190,7 +190,7 @@ class _PoolSide:
     def call(self, x, experts: list[int], weight: float):
         """Every token routed to every expert; timed from the routing to the result, as hybrid
         submits a layer's CPU share (submit_routed)."""
-        ids = torch.tensor(experts).expand(x.shape[0], -1)  # [T, k]
+        ids = torch.tensor(experts).repeat(x.shape[0], 1)  # [T, k], contiguous as hybrid's
         weights = torch.full(ids.shape, weight)
         fmt = self.fmt.form.name
 

@@ -60,8 +60,10 @@ def test_layer_kernel_equals_float32_reference(fmt, dtype, shape, threads):
     bank, (w13, w2) = bank_for(fmt, dtype, hidden, inter, seed=hidden + threads)
     assert kernel_format(fmt, bank["w13"].dtype) is not None  # the layer kernel, not a fallback
     with CpuMoeExecutor(threads=threads) as pool:
-        # decode: one token; four sharing experts; seven through every expert
-        for tokens, top_k in ((1, 2), (4, 3), (7, EXPERTS)):
+        # decode: one token; four sharing experts; seven through every expert; eight over two
+        # experts each (int8, nvfp4: some experts within the integer dot's tokens, some past,
+        # a token in both)
+        for tokens, top_k in ((1, 2), (4, 3), (7, EXPERTS), (8, 2)):
             gen = torch.Generator().manual_seed(tokens)
             x = torch.randn(tokens, hidden, generator=gen)
             ids, weights = routing(tokens, top_k, seed=tokens + threads)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -36,12 +37,16 @@ _KERNEL_FORMATS = {
 }
 
 
-# layer_kernel.route's refusals
-_REFUSED = {
-    K.OUTSIDE_BANK: "experts must lie in [0, {experts})",
-    K.REPEATED: "an expert is given twice",
-    K.NOT_ROUTED: "no token is routed to the given experts",
-}
+def _refusal(status: int, layout: BankLayout, x, topk_ids, topk_weights) -> str:
+    """What layer_kernel.start_routed refused, in words."""
+    if status == K.MISMATCHED:
+        return (f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} does not match "
+                f"x {tuple(x.shape)}")  # fmt: skip
+    return {
+        K.OUTSIDE_BANK: f"experts must lie in [0, {layout.experts})",
+        K.REPEATED: "an expert is given twice",
+        K.NOT_ROUTED: "no token is routed to the given experts",
+    }[status]
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -106,7 +111,8 @@ class LayerHandle:
     """One submitted call; wait() returns [T, D] float32 (the sum over its experts)."""
 
     def __init__(self, calls: LayerCalls, gen: int, out: torch.Tensor, keep: tuple,
-                 experts: int, stamps: np.ndarray | None = None) -> None:  # fmt: skip
+                 experts: int, stamps: np.ndarray | None = None,
+                 published: int = 0) -> None:  # fmt: skip
         self._calls, self.gen, self._out = calls, gen, out
         self.experts = experts  # expert FFNs in the call
         self._keep = keep  # what the workers read by address: alive until the call is done
@@ -114,7 +120,7 @@ class LayerHandle:
         self.ran_on: set[str] = set()
         # with stamping: the workers' stamps [workers, STAMP_COUNT], and the caller's time-stamp
         # counter as it published the call and as its wait saw it done
-        self.stamps, self.published, self.returned = stamps, 0, 0
+        self.stamps, self.published, self.returned = stamps, published, 0
 
     def done(self) -> bool:
         return self._finished or self._calls.finished(self.gen)
@@ -187,42 +193,50 @@ class LayerCalls:
         topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: list[int],
     ) -> LayerHandle:  # fmt: skip
         """As submit(x, expert_jobs(bank, topk_ids, topk_weights, experts, fmt)): of `experts`,
-        those the routing sends a token to, each with its tokens in order; the call built by
-        one compiled pass (layer_kernel.route) from the bank's addresses, no Python per expert.
-        ValueError for an expert outside the bank or given twice, routing that does not match
-        x, or experts no token reaches."""
-        tokens, hidden = x.shape
-        if tuple(topk_ids.shape) != tuple(topk_weights.shape) or topk_ids.shape[0] != tokens:
-            raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} "
-                             f"does not match x {tuple(x.shape)}")  # fmt: skip
-        layout = self._layout(bank, fmt, hidden)
-        if hidden != layout.hidden:
-            raise ValueError(f"x has hidden size {hidden}, the bank {layout.hidden}")
+        those the routing sends a token to, each with its tokens in order; the call built and
+        published by one compiled pass (layer_kernel.start_routed) from the bank's addresses, no
+        Python per expert. ValueError for an expert outside the bank or given twice, routing
+        that does not match x, or experts no token reaches. The tensors must be on the CPU."""
+        layout = self._layout(bank, fmt, x.shape[1])
         ids = _as(topk_ids, torch.int64).numpy()
         weights = _as(topk_weights, torch.float32).numpy()
-        out = torch.empty(tokens, hidden, dtype=torch.float32)
-        status, call = K.route(ids, weights, np.asarray(experts, np.int64), layout.experts,
-                               layout.base, layout.stride, layout.code, layout.inter, self.workers,
-                               _x_words(x), out.data_ptr())  # fmt: skip
-        if status < 0:
-            raise ValueError(_REFUSED[status].format(experts=layout.experts))
-        return self._publish(call, (bank,), out)  # the bank read by address: kept alive
+        out = torch.empty(x.shape[0], layout.hidden, dtype=torch.float32)
+        stamps = np.zeros((self.workers, K.STAMP_COUNT), np.int64) if self.stamping else None
+        with self._lock:
+            if self._last is not None:
+                self._last.wait()
+            gen = self._gen + 1
+            status, call, published = K.start_routed(
+                self.ctrl, gen, 0 if stamps is None else stamps.ctypes.data, layout.words, ids,
+                weights, np.asarray(experts, np.int64), self.workers, _x_words(x), out.data_ptr(),
+            )  # fmt: skip
+            if status < 0:
+                raise ValueError(_refusal(status, layout, x, topk_ids, topk_weights))
+            self._gen = gen
+            # the bank read by address, kept alive with the call's words
+            self._last = LayerHandle(self, gen, out, (call, bank), status, stamps, published)
+        return self._last
 
     def _layout(self, bank: dict[str, torch.Tensor], fmt: str, hidden: int) -> BankLayout:
-        """The bank's layout, checked once per bank: found again by the parts' identities and
-        addresses (a few attribute reads: a submit's every operation is slow right after a
-        call has streamed the caches), checked again for any other tensor."""
-        code_parts = kernel_format(fmt, bank["w13"].dtype)
-        parts = [bank.get(name) for name in (code_parts[1] if code_parts else ())]
-        key = (fmt, hidden, *map(id, parts))
-        layout, checked = self._layouts.get(key, (None, ()))
-        if layout is not None and all(t is ref() and t.data_ptr() == at for t, (ref, at) in
-                                      zip(parts, checked, strict=True)):  # fmt: skip
-            return layout
+        """The bank's layout, checked once per bank (bank_layout): found again by the dict's
+        identity, then each part it checked compared by identity and address (a submit's every
+        line is slow right after a call has streamed the caches); checked again otherwise."""
+        key = (id(bank), fmt, hidden)
+        found = self._layouts.get(key)
+        if found is not None:
+            layout, checked = found
+            for name, ref, at in checked:
+                t = bank.get(name)
+                if t is not ref() or t.data_ptr() != at:
+                    break
+            else:
+                return layout
         if len(self._layouts) > 1024:  # banks come and go (tests, benchmarks): keep it small
             self._layouts.clear()
         layout = bank_layout(bank, fmt, hidden)  # every part present: checked
-        self._layouts[key] = (layout, [(weakref.ref(t), t.data_ptr()) for t in parts])
+        names = kernel_format(fmt, bank["w13"].dtype)[1]
+        self._layouts[key] = (layout, [(n, weakref.ref(bank[n]), bank[n].data_ptr())
+                                       for n in names])  # fmt: skip
         return layout
 
     def _publish(self, plan: np.ndarray, keep: tuple, out: torch.Tensor) -> LayerHandle:
@@ -255,6 +269,14 @@ class BankLayout:
     inter: int  # I
     base: np.ndarray  # [PARTS] int64: expert 0's part addresses
     stride: np.ndarray  # [PARTS] int64: bytes from one expert's part to the next's
+
+    @cached_property
+    def words(self) -> np.ndarray:
+        """All of it as layer_kernel.start_routed reads it (BANK_WORDS int64)."""
+        words = np.zeros(K.BANK_WORDS, np.int64)
+        words[: K.BANK_BASE] = self.code, self.experts, self.hidden, self.inter
+        words[K.BANK_BASE : K.BANK_STRIDE], words[K.BANK_STRIDE :] = self.base, self.stride
+        return words
 
 
 def bank_layout(bank: dict[str, torch.Tensor], fmt: str, hidden: int) -> BankLayout:

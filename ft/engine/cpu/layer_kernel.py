@@ -652,10 +652,10 @@ def _buffers(plan, base):
     aq, end = _carve(end, (qa, inter), np.int8)
     as_, end = _carve(end, (qa, as_width), np.float32)
     ac, end = _carve(end, (qa, ac_width), np.int32)
-    quantized, end = _carve(end, (qx,), np.bool_)  # each token's x once
+    ready, end = _carve(end, (2, tokens), np.bool_)  # each token's x quantised, rounded once
     xb, end = _carve(end, (bx, hidden), np.uint16)
     ab, end = _carve(end, (ba, inter), np.uint16)
-    return buf, wb, groups, parts, dots, same, xq, xs, xc, aq, as_, ac, quantized, xb, ab, end
+    return buf, wb, groups, parts, dots, same, xq, xs, xc, aq, as_, ac, ready, xb, ab, end
 
 
 @jit(inline="always")
@@ -686,21 +686,25 @@ def run_call(plan, worker, ctrl, gen, scratch):
     x = carray(address(plan[X]), (tokens, hidden), np.float32)
     act = carray(address(plan[ACT]), (max(pairs, 1), inter), np.float32)
     out = carray(address(plan[OUT]), (tokens, hidden), np.float32)
-    buf, wb, groups, parts, dots, same, xq, xs, xc, aq, as_, ac, quantized, xb, ab, _ = _buffers(
+    buf, wb, groups, parts, dots, same, xq, xs, xc, aq, as_, ac, ready, xb, ab, _ = _buffers(
         plan, scratch
     )
     for t in range(same.shape[0]):
         same[t] = t
-    quantized[:] = False
+    # x as each expert's dot reads it: quantised (integer_dot) or rounded to bf16 (bf16_dotted),
+    # only for the tokens of experts that take that dot (int8's few tokens never read bf16)
+    ready[:] = False  # [0, token]: quantised, [1, token]: rounded
     for e in range(k):
-        if integer_dot(fmt, starts[e + 1] - starts[e]):
+        integer = integer_dot(fmt, starts[e + 1] - starts[e])
+        if integer or bf16_dotted(fmt):
             for t in range(starts[e], starts[e + 1]):
-                row = rows[t]
-                if not quantized[row]:
-                    quantize_act(fmt, x[row], xq[row], xs[row], xc[row])
-                    quantized[row] = True
-    for r in range(xb.shape[0]):
-        _to_bf16(x[r], xb[r])
+                row, form = rows[t], 0 if integer else 1
+                if not ready[form, row]:
+                    if integer:
+                        quantize_act(fmt, x[row], xq[row], xs[row], xc[row])
+                    else:
+                        _to_bf16(x[row], xb[row])
+                    ready[form, row] = True
 
     _stamp(plan, worker, PREPARED)
     i0, i1 = worker * inter // workers, (worker + 1) * inter // workers
@@ -744,8 +748,9 @@ def run_call(plan, worker, ctrl, gen, scratch):
         if integer_dot(fmt, starts[e + 1] - starts[e]):
             for t in range(starts[e], starts[e + 1]):
                 quantize_act(fmt, act[t], aq[t], as_[t], ac[t])
-    for t in range(ab.shape[0]):
-        _to_bf16(act[t], ab[t])
+        elif bf16_dotted(fmt):
+            for t in range(starts[e], starts[e + 1]):
+                _to_bf16(act[t], ab[t])
 
     d0, d1 = worker * hidden // workers, (worker + 1) * hidden // workers
     for t in range(tokens):
@@ -820,8 +825,32 @@ def stop(ctrl, gen):
     publish(ctrl, GEN, gen, WORKER_SLEEPERS)
 
 
-# route's refusals (its status below 0)
-OUTSIDE_BANK, REPEATED, NOT_ROUTED = -1, -2, -3
+# route's refusals (its status below 0), and start_routed's
+OUTSIDE_BANK, REPEATED, NOT_ROUTED, MISMATCHED = -1, -2, -3, -4
+# A bank's words (ft.engine.cpu.layer.BankLayout.words): its format, experts, D and I, then
+# expert 0's part addresses and the bytes from one expert's parts to the next's
+BANK_CODE, BANK_EXPERTS, BANK_HIDDEN, BANK_INTER, BANK_BASE = range(5)
+BANK_STRIDE = BANK_BASE + PARTS
+BANK_WORDS = BANK_STRIDE + PARTS
+
+
+@jit()
+def start_routed(ctrl, gen, stamps, bank, ids, weights, chosen, workers, x, out_addr):
+    """A routed layer call built (route) and published (start_call) in one compiled call: each
+    call into numba, and each line of Python, costs ~5 us on the caller right after a layer
+    call has streamed the caches. bank: its words (BANK_WORDS); stamps: the STAMPS word.
+    -> (status: route's, or MISMATCHED for routing that does not match x or x's width the
+    bank's; the call, as route's; the time-stamp counter at the publish, 0 if refused)."""
+    if (ids.shape[0] != x.shape[0] or weights.shape[0] != ids.shape[0]
+            or weights.shape[1] != ids.shape[1] or x.shape[1] != bank[BANK_HIDDEN]):  # fmt: skip
+        return MISMATCHED, np.empty(0, np.int64), 0
+    status, call = route(ids, weights, chosen, bank[BANK_EXPERTS], bank[BANK_BASE:BANK_STRIDE],
+                         bank[BANK_STRIDE:BANK_WORDS], bank[BANK_CODE], bank[BANK_INTER], workers,
+                         x, out_addr)  # fmt: skip
+    if status < 0:
+        return status, call, 0
+    call[STAMPS] = stamps
+    return status, call, start_call(ctrl, call.ctypes.data, gen)
 
 
 @jit()
@@ -923,5 +952,5 @@ def compile_all() -> None:
     stop.compile((ctrl, word))
     i64 = types.int64[::1]
     for x in (types.float32[:, ::1], types.int16[:, ::1]):  # x float32, or bf16 bits
-        route.compile((types.int64[:, ::1], types.float32[:, ::1], i64, word, i64, i64, word, word,
-                       word, x, word))  # fmt: skip
+        start_routed.compile((ctrl, word, word, i64, types.int64[:, ::1], types.float32[:, ::1],
+                              i64, word, x, word))  # fmt: skip

@@ -244,13 +244,15 @@ class CpuMoeExecutor:
         topk_weights, experts, fmt)), where the layer kernel reads the bank without a job per
         expert (the plan from the bank's addresses). x [T, D], topk_ids / topk_weights [T, K] and
         the bank (part -> [E, ...], format `fmt`) on the CPU."""
-        # the layer kernel's workers leave it only at close(): no thread to check per call (15
-        # is_alive() cost ~47 us right after a call had streamed the caches)
+        # Each line here runs on the engine's thread right after a call has streamed the caches,
+        # at ~1-5 us a line: the layer kernel's workers leave it only at close() (no thread to
+        # check per call: 15 is_alive() cost ~47 us), and the tensors' devices are read as flags
         layer = self._layer
         reads = layer is not None and layer.reads(fmt, bank["w13"].dtype)
         if self.force_inline or self._closed or not reads:
             return self.submit(x, expert_jobs(bank, topk_ids, topk_weights, experts, fmt))
-        _check_on_cpu(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights))
+        if not (x.is_cpu and topk_ids.is_cpu and topk_weights.is_cpu):
+            _check_on_cpu(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights))
         handle = layer.submit_routed(x, bank, fmt, topk_ids, topk_weights, experts)
         self._in_pool[0] += handle.experts  # counted at submit: no worker runs Python to count
         return handle
