@@ -18,6 +18,7 @@ from ft.engine.cpu import intrinsics, layer_kernel
 from ft.engine.cpu import phases as phases_module
 from ft.engine.cpu.layer import act_rounding, bf16_round, int_dot_tokens, kernel_format, q8_0
 from ft.engine.cpu.pool import THREAD_PREFIX, CpuMoeExecutor, ExpertJob, expert_jobs
+from ft.engine.cpu.sync import control_block
 from tests.engine import quant_ref
 
 EXPERTS = 5
@@ -241,6 +242,39 @@ def test_quantized_activations_are_the_reference_rounding(fmt, cols):
         assert np.array_equal(s, d)
     values = torch.from_numpy(codes.astype(np.float32) * np.repeat(d, 32)[:cols])
     assert torch.equal(values, q8_0(v))
+
+
+def test_each_unit_of_work_is_claimed_once_its_owners_first():
+    """_claim: a worker takes its own range of units in order, then what is left of the others'
+    (the next worker's first); every unit goes to one worker; start_call zeroes the counters."""
+    workers, units = 3, 10  # ranges: worker 0 [0, 3), 1 [3, 6), 2 [6, 10)
+    ctrl = control_block(layer_kernel.control_words(workers))
+    plan = np.zeros(layer_kernel.HEADER, np.int64)
+    plan[layer_kernel.WORKERS] = workers
+    for gen in (1, 2):
+        layer_kernel.start_call(ctrl, plan.ctypes.data, gen)
+        got, victims = {w: [] for w in range(workers)}, [0] * workers
+        for w in [0] * 5 + [2] * 6 + [0, 1]:
+            unit, victims[w] = layer_kernel._claim(ctrl, 1, units, w, workers, victims[w])
+            if unit >= 0:
+                got[w].append(unit)
+        assert got == {0: [0, 1, 2, 3, 4], 1: [], 2: [6, 7, 8, 9, 5]}, gen
+
+
+@pytest.mark.parametrize(
+    "experts,hidden,inter,workers",
+    [(1, 2048, 768, 15), (8, 2048, 768, 15), (5, 64, 48, 3), (2, 320, 208, 2)],
+)
+def test_phase_units_cover_the_rows_about_evenly(experts, hidden, inter, workers):
+    plan = np.zeros(layer_kernel.HEADER, np.int64)
+    plan[[layer_kernel.EXPERTS, layer_kernel.HIDDEN, layer_kernel.INTER, layer_kernel.WORKERS]] = (
+        experts, hidden, inter, workers)  # fmt: skip
+    rows1, blocks1, rows2, units2 = layer_kernel.phase_units(plan)
+    assert (blocks1 - 1) * rows1 < inter <= blocks1 * rows1  # every row of I, no empty block
+    assert (units2 - 1) * rows2 < hidden <= units2 * rows2
+    assert rows2 % layer_kernel.OUT_LINE == 0  # phase 2's units write whole lines of out
+    want = layer_kernel.UNITS_PER_WORKER * workers
+    assert experts * blocks1 >= min(want, experts * inter) // 2
 
 
 @numba.njit

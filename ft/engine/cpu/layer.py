@@ -153,7 +153,7 @@ class LayerCalls:
         self.workers, self.names = workers, names
         self.caller_spin = SPIN if own_core else SHARED_SPIN
         K.compile_all()
-        self.ctrl = control_block(K.CONTROL_WORDS)
+        self.ctrl = control_block(K.control_words(workers))
         self._gen = 0
         self._last: LayerHandle | None = None
         self._lock = threading.Lock()  # submits from two threads publish one after the other
