@@ -36,6 +36,22 @@ def cpu_moe_compute() -> str:
     return value if value in ("auto", "float32", "native", "compiled") else "auto"
 
 
+def cpu_moe_spin_us() -> float:
+    """FT_CPU_MOE_SPIN_US: how long the CPU MoE pool's threads spin for the next call before
+    they sleep, in microseconds (default 5000: longer than a decode step's gaps between layer
+    calls, so a call finds its workers awake; 0 sleeps at once, as llama.cpp's --poll 0)."""
+    raw = os.environ.get("FT_CPU_MOE_SPIN_US", "5000")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        from ft.errors import FtError
+
+        raise FtError(f"FT_CPU_MOE_SPIN_US must be microseconds >= 0, got {raw!r}")
+    return value
+
+
 def cuda_graphs() -> bool:
     """FT_CUDA_GRAPHS: replay decode as CUDA graphs (default on; 0 for eager, as vLLM's
     --enforce-eager): the whole step (resident), or each stretch between the per-layer host

@@ -438,20 +438,34 @@ def test_phase_summary_takes_medians_over_calls_of_the_median_and_slowest_worker
     assert 1e8 < phases_module.cycles_per_second() < 1e11  # a time-stamp counter's rate
 
 
-def test_the_callers_wait_spins_long_only_on_a_core_no_worker_holds():
-    """A caller sharing every core with the workers hardly spins (it would slow one); with a
-    core of its own it spins as long as a worker before it sleeps (a futex wake is ~20 us)."""
+def test_threads_spin_long_only_on_cores_of_their_own(monkeypatch):
+    """Where every thread has a core, workers and caller spin FT_CPU_MOE_SPIN_US for the next
+    call; a caller sharing a core with a worker hardly spins, and its workers spin briefly (the
+    caller needs that core); workers sharing a core hardly spin. With no spin every wait sleeps
+    on the futex, and the calls still come out right."""
     from ft import cpuinfo
-    from ft.engine.cpu.sync import SHARED_SPIN, SPIN
+    from ft.engine.cpu.sync import SHARED_SPIN_S, SHORT_SPIN_S, spin_cycles
+    from ft.errors import FtError
 
     allowed = cpuinfo.allowed_cores()
     with CpuMoeExecutor(threads=len(allowed)) as pool:
-        assert pool._layer.caller_spin == SHARED_SPIN
-    if len(allowed) > 1:
-        with CpuMoeExecutor(threads=len(allowed) - 1) as pool:
-            assert pool._layer.caller_spin == SPIN
-            bank, _ = bank_for("bf16", torch.bfloat16, *SHAPES[0], seed=1)
-            x = torch.randn(1, SHAPES[0][0])
-            ids, weights = routing(1, 2, seed=1)
-            handle = pool.submit_routed(x, bank, "bf16", ids, weights, list(range(EXPERTS)))
-            assert handle.wait().shape == x.shape
+        assert pool._layer.caller_spin == spin_cycles(SHARED_SPIN_S)
+        assert pool._layer.worker_spin == spin_cycles(SHORT_SPIN_S)
+    with CpuMoeExecutor(threads=len(allowed) + 1) as pool:
+        assert pool._layer.worker_spin == spin_cycles(SHARED_SPIN_S)
+    bank, (w13, w2) = bank_for("bf16", torch.float32, *SHAPES[0], seed=1)
+    x = torch.randn(3, SHAPES[0][0])
+    ids, weights = routing(3, 2, seed=1)
+    want = reference(x, w13, w2, ids, weights, 0, False)
+    for spin_us in ("2000", "0"):
+        monkeypatch.setenv("FT_CPU_MOE_SPIN_US", spin_us)
+        with CpuMoeExecutor(threads=max(1, len(allowed) - 1)) as pool:
+            if len(allowed) > 1:
+                spin = spin_cycles(float(spin_us) * 1e-6)
+                assert pool._layer.caller_spin == pool._layer.worker_spin == spin
+            for _ in range(3):
+                got = pool.submit_routed(x, bank, "bf16", ids, weights, list(range(EXPERTS)))
+                torch.testing.assert_close(got.wait(), want, rtol=1e-4, atol=1e-5)
+    monkeypatch.setenv("FT_CPU_MOE_SPIN_US", "soon")
+    with pytest.raises(FtError, match="FT_CPU_MOE_SPIN_US must be microseconds >= 0, got 'soon'"):
+        CpuMoeExecutor(threads=1)

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ft import settings
 from ft.engine.cpu import layer_kernel as K
 from ft.engine.cpu.compute import ExpertJob, check_parts
 from ft.engine.cpu.phases import CallPhases
-from ft.engine.cpu.sync import SHARED_SPIN, SPIN, control_block
+from ft.engine.cpu.sync import SHARED_SPIN_S, SHORT_SPIN_S, control_block, spin_cycles
 from ft.engine.formats import get_format
 
 # (format name, weight dtype) -> the kernel's format and the parts in the plan's order
@@ -147,11 +148,16 @@ class LayerHandle:
 class LayerCalls:
     """The control block the workers wait on, and the plans sent through it."""
 
-    def __init__(self, workers: int, names: list[str], own_core: bool = False) -> None:
-        """`own_core`: whether the caller has a core no worker is pinned to (then its wait
-        spins as long as a worker's before it sleeps: sync.SPIN)."""
+    def __init__(self, workers: int, names: list[str], own_core: bool = False,
+                 cores_each: bool = True) -> None:  # fmt: skip
+        """`own_core`: whether the caller has a core no worker is pinned to; `cores_each`:
+        whether each worker has a core of its own. A thread with a core of its own spins
+        FT_CPU_MOE_SPIN_US for the next call before it sleeps (sync says why others spin less)."""
         self.workers, self.names = workers, names
-        self.caller_spin = SPIN if own_core else SHARED_SPIN
+        spin_s = settings.cpu_moe_spin_us() * 1e-6
+        worker_s = spin_s if own_core else min(spin_s, SHORT_SPIN_S)
+        self.worker_spin = spin_cycles(worker_s if cores_each else min(spin_s, SHARED_SPIN_S))
+        self.caller_spin = spin_cycles(spin_s if own_core else min(spin_s, SHARED_SPIN_S))
         K.compile_all()
         self.ctrl = control_block(K.control_words(workers))
         self._gen = 0
@@ -164,7 +170,7 @@ class LayerCalls:
 
     def serve(self, worker: int) -> None:
         """The worker thread's whole life (returns on stop)."""
-        K.serve(self.ctrl, worker)
+        K.serve(self.ctrl, worker, self.worker_spin)
 
     def reads(self, fmt: str, weight_dtype: torch.dtype) -> bool:
         """Whether the kernel reads experts of `fmt` stored as `weight_dtype`."""

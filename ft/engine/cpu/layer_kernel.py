@@ -82,7 +82,7 @@ from ft.engine.cpu.intrinsics import (
     wide_layout,
 )
 from ft.engine.cpu.jit import jit
-from ft.engine.cpu.sync import SPIN, arrive, publish, wait_change, wake
+from ft.engine.cpu.sync import arrive, publish, wait_change, wake
 
 # int8 experts with at most this many tokens in a call dot integers (integer_dot), every token
 # in one pass over the row (q8_dot_rows): no decode, and fewer instructions per byte than a
@@ -728,9 +728,10 @@ def scratch_bytes(plan):
 
 
 @jit(fastmath=True)
-def run_call(plan, worker, ctrl, gen, scratch):
+def run_call(plan, worker, ctrl, gen, scratch, spin):
     """This worker's share of the call `plan` (phase 1, the barrier, phase 2); its buffers in
-    the worker's scratch (at address `scratch`, scratch_bytes(plan) of it)."""
+    the worker's scratch (at address `scratch`, scratch_bytes(plan) of it); `spin`: cycles it
+    spins at the barrier before it sleeps."""
     _stamp(plan, worker, STARTED)
     fmt, k, tokens = plan[FMT], plan[EXPERTS], plan[TOKENS]
     hidden, inter, workers = plan[HIDDEN], plan[INTER], plan[WORKERS]
@@ -804,7 +805,7 @@ def run_call(plan, worker, ctrl, gen, scratch):
 
     # every worker's act is needed below: wait for all of this call's phase 1
     _stamp(plan, worker, ARRIVED)
-    arrive(ctrl, BARRIER, gen * workers, BARRIER_SLEEPERS)
+    arrive(ctrl, BARRIER, gen * workers, BARRIER_SLEEPERS, spin)
     _stamp(plan, worker, PASSED)
     for e in range(k):
         if integer_dot(fmt, starts[e + 1] - starts[e]):
@@ -847,12 +848,13 @@ def run_call(plan, worker, ctrl, gen, scratch):
 
 
 @jit()
-def serve(ctrl, worker):
-    """A worker's whole life: wait for a call, run its share, count it done; until STOP."""
+def serve(ctrl, worker, spin):
+    """A worker's whole life: wait for a call (spinning `spin` time-stamp cycles before it
+    sleeps), run its share, count it done; until STOP."""
     seen = 0  # calls are numbered from 1, and the next is published only after all finish one
     scratch = np.empty(0, np.uint8)  # this worker's buffers, grown to the largest call's
     while True:
-        gen = wait_change(ctrl, GEN, seen, WORKER_SLEEPERS, SPIN)
+        gen = wait_change(ctrl, GEN, seen, WORKER_SLEEPERS, spin)
         seen = gen
         if atomic_load(ctrl, STOP):
             return
@@ -862,7 +864,7 @@ def serve(ctrl, worker):
         need = scratch_bytes(plan)
         if need > scratch.shape[0]:
             scratch = np.empty(need, np.uint8)
-        run_call(plan, worker, ctrl, gen, scratch.ctypes.data)
+        run_call(plan, worker, ctrl, gen, scratch.ctypes.data, spin)
         if atomic_add(ctrl, DONE, 1) + 1 == gen * plan[WORKERS]:
             wake(ctrl, DONE, CALLER_SLEEPERS)
 
@@ -870,7 +872,8 @@ def serve(ctrl, worker):
 @jit()
 def wait_done(ctrl, gen, workers, spin):
     """The caller's wait for call `gen` (GIL released: the engine's other threads run), `spin`
-    pause rounds before each sleep; returns the time-stamp counter when it saw the call done."""
+    time-stamp cycles spun before each sleep; returns the time-stamp counter when it saw the
+    call done."""
     now = atomic_load(ctrl, DONE)
     while now < gen * workers:
         now = wait_change(ctrl, DONE, now, CALLER_SLEEPERS, spin)
@@ -1018,7 +1021,7 @@ def compile_all() -> None:
     """Compile (or load from numba's disk cache) what the pool runs, before its workers start:
     no worker or decode step pays for it."""
     ctrl, word = types.int64[::1], types.int64
-    serve.compile((ctrl, word))
+    serve.compile((ctrl, word, word))
     wait_done.compile((ctrl, word, word, word))
     start_call.compile((ctrl, word, word))
     stop.compile((ctrl, word))

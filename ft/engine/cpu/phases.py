@@ -15,15 +15,12 @@ and per call:
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
 from ft.engine.cpu import layer_kernel as K
-from ft.engine.cpu.intrinsics import cycles
-from ft.engine.cpu.jit import jit
+from ft.engine.cpu.sync import cycles_per_second
 
 WORKER_PHASES = ("wake", "prep", "phase 1", "barrier", "phase 2")
 # each worker phase runs from one stamp to the next: (from, to), the caller's publish as None
@@ -34,22 +31,6 @@ _SPANS = {
     "barrier": (K.ARRIVED, K.PASSED),
     "phase 2": (K.PASSED, K.FINISHED),
 }
-CALIBRATE_S = 0.02
-
-
-@jit()
-def read_cycles():
-    return cycles()
-
-
-@cache
-def cycles_per_second() -> float:
-    """The time-stamp counter's rate, against perf_counter over CALIBRATE_S (an invariant TSC,
-    as every x86 host since ~2008 and its VMs have: the same rate on every core)."""
-    c0, t0 = read_cycles(), time.perf_counter()
-    while time.perf_counter() - t0 < CALIBRATE_S:
-        pass
-    return (read_cycles() - c0) / (time.perf_counter() - t0)
 
 
 @dataclass(frozen=True)

@@ -4,18 +4,54 @@ between calls)."""
 
 from __future__ import annotations
 
+import time
+from functools import cache
+
 import numpy as np
 
-from ft.engine.cpu.intrinsics import atomic_add, atomic_load, atomic_store, futex, spin_pause
+from ft.engine.cpu.intrinsics import (
+    atomic_add,
+    atomic_load,
+    atomic_store,
+    cycles,
+    futex,
+    spin_pause,
+)
 from ft.engine.cpu.jit import jit
 
 _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
-# pause rounds before sleeping: a thread on a core of its own (a worker; the caller where the
-# workers leave it one) spins ~0.4-1 ms, longer than a decode layer's gap between calls and than
-# most calls; a caller sharing a core with a worker hardly spins at all, so as not to slow it.
-# A futex wake cost the caller 16-26 us on the 2-core EPYC VM (pool of one thread, k=1-2 calls
-# of 0.4-0.9 ms), spinning 0.3 us once a call ended inside the spin.
-SPIN, SHARED_SPIN = 20_000, 100
+# How long a thread spins before it sleeps on the futex, in seconds (counted by the time-stamp
+# counter: a pause round takes 10-140 cycles by core, so 20,000 rounds spun ~50 us on one host
+# and ~1 ms on another). Where every thread has a core of its own, the workers and the caller
+# spin FT_CPU_MOE_SPIN_US (5 ms by default): longer than the gaps between a decode step's layer
+# calls, so a call finds its workers awake. Waking 15 sleeping workers took up to 314 us of a
+# call on the H200 box's VM (an idle vCPU is woken by the host); kt-kernel's workers spin ~50
+# ms. Where the caller shares a core with a worker, the workers spin at most SHORT_SPIN_S (the
+# caller's Python needs that core between calls) and the caller SHARED_SPIN_S, as does a worker
+# sharing its core with another (more threads than cores): each would slow the thread it
+# shares with. A futex wake cost the caller 16-26 us on the 2-core EPYC VM.
+SHORT_SPIN_S, SHARED_SPIN_S = 0.0005, 20e-6
+CALIBRATE_S = 0.02
+
+
+@jit()
+def read_cycles():
+    return cycles()
+
+
+@cache
+def cycles_per_second() -> float:
+    """The time-stamp counter's rate, against perf_counter over CALIBRATE_S (an invariant TSC,
+    as every x86 host since ~2008 and its VMs have: the same rate on every core)."""
+    c0, t0 = read_cycles(), time.perf_counter()
+    while time.perf_counter() - t0 < CALIBRATE_S:
+        pass
+    return (read_cycles() - c0) / (time.perf_counter() - t0)
+
+
+def spin_cycles(seconds: float) -> int:
+    """`seconds` of spinning in time-stamp counter cycles (wait_change's `spin`)."""
+    return int(seconds * cycles_per_second())
 
 
 @jit()
@@ -32,12 +68,16 @@ def futex_wake(ctrl, i):
 
 @jit()
 def wait_change(ctrl, i, seen, sleepers, spin):
-    """Return ctrl[i] once it differs from `seen`: spin `spin` pauses, then sleep on the
-    futex, counted in ctrl[sleepers] so the writer wakes only when someone sleeps."""
-    for _ in range(spin):
+    """Return ctrl[i] once it differs from `seen`: spin for `spin` time-stamp counter cycles
+    (spin_cycles), then sleep on the futex, counted in ctrl[sleepers] so the writer wakes only
+    when someone sleeps."""
+    start = cycles()
+    while True:
         now = atomic_load(ctrl, i)
         if now != seen:
             return now
+        if cycles() - start > spin:
+            break
         spin_pause()
     while True:
         atomic_add(ctrl, sleepers, 1)
@@ -66,15 +106,16 @@ def wake(ctrl, i, sleepers):
 
 
 @jit()
-def arrive(ctrl, i, target, sleepers):
+def arrive(ctrl, i, target, sleepers, spin):
     """Count this thread in ctrl[i] (a counter that only grows) and return once it reaches
-    `target`; the thread that reaches it wakes the sleepers."""
+    `target` (spinning `spin` cycles at most before each sleep); the thread that reaches it
+    wakes the sleepers."""
     now = atomic_add(ctrl, i, 1) + 1
     if now == target:
         wake(ctrl, i, sleepers)
         return
     while now < target:
-        now = wait_change(ctrl, i, now, sleepers, SPIN)
+        now = wait_change(ctrl, i, now, sleepers, spin)
 
 
 def control_block(words: int) -> np.ndarray:
