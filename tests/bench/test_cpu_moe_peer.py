@@ -112,7 +112,8 @@ def test_peer_calls_interleave_with_the_pool_through_one_store(pool_log):
     for r in bf16:  # both measured, checked, and set side by side
         assert r["gbs"] > 0 and r["peer_gbs"] > 0 and r["peer_note"] is None
         assert r["max_err"] < 1e-3 and r["peer_max_err"] < 5e-3  # the peer's out: bf16
-        assert r["ratio"] == pytest.approx(r["gbs"] / r["peer_gbs"], rel=0.02)
+        # the row rounds it to 2 decimals: 0.195 shows as 0.2
+        assert r["ratio"] == pytest.approx(r["gbs"] / r["peer_gbs"], rel=0.02, abs=0.006)
     for r in (r for r in result["rows"] if r["fmt"] == "int8"):  # the pool alone
         assert r["gbs"] > 0 and r["peer_gbs"] is None and r["peer_note"].startswith("no path")
     layers = result["peer"]["layers"]
