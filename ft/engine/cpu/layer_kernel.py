@@ -886,8 +886,8 @@ def start_call(ctrl, plan_addr, gen):
     zeroed (each worker of the last call counted itself done after its last claim); returns
     the time-stamp counter just before."""
     workers = carray(address(plan_addr), (HEADER,), np.int64)[WORKERS]
-    for c in range(2 * workers):
-        ctrl[8 * (CONTROL_WORDS + c)] = 0
+    for w in range(workers):
+        ctrl[_counter(1, w, workers)] = ctrl[_counter(2, w, workers)] = 0
     ctrl[PLAN] = plan_addr
     published = cycles()
     publish(ctrl, GEN, gen, WORKER_SLEEPERS)
