@@ -332,6 +332,20 @@ def test_row_decoders_give_every_code_exactly(out_dtype):
                            torch.from_numpy(values).float())  # fmt: skip
 
 
+@pytest.mark.parametrize("n", [256, 48, 37])  # rows of 4096 and 768 columns' groups; a tail
+def test_group_scales_decode_every_e4m3_code_exactly(n):
+    """nvfp4's group scales, 16 at a time in vector lanes and the rest one by one: every e4m3
+    code but NaN, as torch's float8_e4m3fn reads it (subnormals and signed zeros included)."""
+    codes = torch.arange(256, dtype=torch.int16).to(torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].roll(n)  # each length has other codes in its tail
+    codes = torch.cat([codes, codes])[:n]
+    groups = np.full(n, np.nan, np.float32)
+    layer_kernel._group_scales(codes.numpy(), groups)
+    want = codes.view(torch.float8_e4m3fn).float()
+    assert torch.equal(torch.from_numpy(groups), want)
+    assert torch.equal(torch.from_numpy(groups).signbit(), want.signbit())
+
+
 def test_calls_in_a_row_and_unrouted_tokens_stay_zero():
     """A second submit before the first's wait; a token no job reads is zero in the result."""
     hidden, inter = SHAPES[0]

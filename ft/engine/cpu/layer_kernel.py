@@ -74,6 +74,7 @@ from ft.engine.cpu.intrinsics import (
     e4m3_dot_rows,
     e4m3_f32_dot_rows,
     e4m3_value,
+    e4m3_values16,
     f32_of_bits,
     nvfp4_q8_dot_rows,
     nvfp4_q8_dot_rows_wide,
@@ -211,8 +212,12 @@ def _decode_fp8(src, scales, buf):
 
 @jit(fastmath=True)
 def _group_scales(scales, groups):
-    """groups[g] = nvfp4's e4m3 group scale g, float32."""
-    for g in range(scales.shape[0]):
+    """groups[g] = nvfp4's e4m3 group scale g, float32: 16 at a time in vector lanes."""
+    n = scales.shape[0]
+    whole = n - n % 16
+    for g in range(0, whole, 16):
+        e4m3_values16(scales, groups, g)
+    for g in range(whole, n):
         groups[g] = e4m3_value(scales[g])
 
 
