@@ -301,6 +301,12 @@ def test_a_routed_submit_refuses_what_the_kernel_cannot_read():
             pool.submit_routed(x, bank, "int8", ids, weights, [6])
         with pytest.raises(ValueError, match="does not match x"):
             pool.submit_routed(x[:1], bank, "int8", ids, weights, [0])
+        with pytest.raises(ValueError, match="does not match x"):
+            pool.submit_routed(x, bank, "int8", ids[:, :1], weights, [0])
+        with pytest.raises(ValueError, match="does not match x"):
+            pool.submit_routed(x, bank, "int8", ids.flatten(), weights.flatten(), [0])
+        with pytest.raises(ValueError, match="w13"):  # x's width is not the bank's
+            pool.submit_routed(x[:, :-32], bank, "int8", ids, weights, [0])
         with pytest.raises(ValueError, match="an expert is given twice"):
             pool.submit_routed(x, bank, "int8", ids, weights, [0, 1, 0])
         unrouted = next(e for e in range(E) if e not in ids.flatten().tolist())

@@ -38,11 +38,8 @@ _KERNEL_FORMATS = {
 }
 
 
-def _refusal(status: int, layout: BankLayout, x, topk_ids, topk_weights) -> str:
+def _refusal(status: int, layout: BankLayout) -> str:
     """What layer_kernel.start_routed refused, in words."""
-    if status == K.MISMATCHED:
-        return (f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} does not match "
-                f"x {tuple(x.shape)}")  # fmt: skip
     return {
         K.OUTSIDE_BANK: f"experts must lie in [0, {layout.experts})",
         K.REPEATED: "an expert is given twice",
@@ -54,14 +51,6 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """t as a contiguous tensor of `dtype`: t itself where it is one (no torch op: a call's
     submit runs right after the last call streamed the caches, where each op costs ~10x)."""
     return t if t.dtype == dtype and t.is_contiguous() else t.to(dtype).contiguous()
-
-
-def _x_words(x: torch.Tensor) -> np.ndarray:
-    """x [T, D] as layer_kernel.route reads it (and copies it as float32): float32, or bf16 as
-    its bits, hybrid's x as it comes from the device."""
-    if x.dtype == torch.bfloat16:
-        return (x if x.is_contiguous() else x.contiguous()).view(torch.int16).numpy()
-    return _as(x, torch.float32).numpy()
 
 
 def kernel_format(fmt: str, weight_dtype: torch.dtype) -> tuple[int, tuple[str, ...]] | None:
@@ -204,20 +193,26 @@ class LayerCalls:
         Python per expert. ValueError for an expert outside the bank or given twice, routing
         that does not match x, or experts no token reaches. The tensors must be on the CPU."""
         layout = self._layout(bank, fmt, x.shape[1])
-        ids = _as(topk_ids, torch.int64).numpy()
-        weights = _as(topk_weights, torch.float32).numpy()
-        out = torch.empty(x.shape[0], layout.hidden, dtype=torch.float32)
+        ids, weights = _as(topk_ids, torch.int64), _as(topk_weights, torch.float32)
+        x_bf16 = x.dtype == torch.bfloat16
+        x = (x if x.is_contiguous() else x.contiguous()) if x_bf16 else _as(x, torch.float32)
+        tokens = x.shape[0]
+        if ids.dim() != 2 or ids.shape != weights.shape or ids.shape[0] != tokens:
+            raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} "
+                             f"does not match x {tuple(x.shape)}")  # fmt: skip
+        out = torch.empty(tokens, layout.hidden, dtype=torch.float32)  # 64-byte aligned: OUT_LINE
         stamps = np.zeros((self.workers, K.STAMP_COUNT), np.int64) if self.stamping else None
         with self._lock:
             if self._last is not None:
                 self._last.wait()
             gen = self._gen + 1
             status, call, published = K.start_routed(
-                self.ctrl, gen, 0 if stamps is None else stamps.ctypes.data, layout.words, ids,
-                weights, np.asarray(experts, np.int64), self.workers, _x_words(x), out.data_ptr(),
+                self.ctrl, gen, 0 if stamps is None else stamps.ctypes.data, layout.words,
+                ids.data_ptr(), weights.data_ptr(), tokens, ids.shape[1],
+                np.asarray(experts, np.int64), self.workers, x.data_ptr(), x_bf16, out.data_ptr(),
             )  # fmt: skip
             if status < 0:
-                raise ValueError(_refusal(status, layout, x, topk_ids, topk_weights))
+                raise ValueError(_refusal(status, layout))
             self._gen = gen
             # the bank read by address, kept alive with the call's words
             self._last = LayerHandle(self, gen, out, (call, bank), status, stamps, published)

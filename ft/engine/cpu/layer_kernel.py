@@ -905,8 +905,8 @@ def stop(ctrl, gen):
     publish(ctrl, GEN, gen, WORKER_SLEEPERS)
 
 
-# route's refusals (its status below 0), and start_routed's
-OUTSIDE_BANK, REPEATED, NOT_ROUTED, MISMATCHED = -1, -2, -3, -4
+# route's refusals (its status below 0)
+OUTSIDE_BANK, REPEATED, NOT_ROUTED = -1, -2, -3
 # A bank's words (ft.engine.cpu.layer.BankLayout.words): its format, experts, D and I, then
 # expert 0's part addresses and the bytes from one expert's parts to the next's
 BANK_CODE, BANK_EXPERTS, BANK_HIDDEN, BANK_INTER, BANK_BASE = range(5)
@@ -915,18 +915,28 @@ BANK_WORDS = BANK_STRIDE + PARTS
 
 
 @jit()
-def start_routed(ctrl, gen, stamps, bank, ids, weights, chosen, workers, x, out_addr):
+def start_routed(ctrl, gen, stamps, bank, ids_at, weights_at, tokens, topk, chosen, workers,
+                 x_at, x_bf16, out_at):  # fmt: skip
     """A routed layer call built (route) and published (start_call) in one compiled call: each
     call into numba, and each line of Python, costs ~5 us on the caller right after a layer
-    call has streamed the caches. bank: its words (BANK_WORDS); stamps: the STAMPS word.
-    -> (status: route's, or MISMATCHED for routing that does not match x or x's width the
-    bank's; the call, as route's; the time-stamp counter at the publish, 0 if refused)."""
-    if (ids.shape[0] != x.shape[0] or weights.shape[0] != ids.shape[0]
-            or weights.shape[1] != ids.shape[1] or x.shape[1] != bank[BANK_HIDDEN]):  # fmt: skip
-        return MISMATCHED, np.empty(0, np.int64), 0
-    status, call = route(ids, weights, chosen, bank[BANK_EXPERTS], bank[BANK_BASE:BANK_STRIDE],
-                         bank[BANK_STRIDE:BANK_WORDS], bank[BANK_CODE], bank[BANK_INTER], workers,
-                         x, out_addr)  # fmt: skip
+    call has streamed the caches. bank: its words (BANK_WORDS); stamps: the STAMPS word. The
+    routing (ids int64, weights float32 [tokens, topk]) and x [tokens, D] (bf16 bits where
+    x_bf16, else float32; D the bank's) by address, contiguous, as the caller checked them: a
+    tensor's address costs 0.1 us, making it a numpy array 1.5-3 us (a submit made three).
+    -> (status: route's; the call, as route's; the time-stamp counter at the publish, 0 if
+    refused)."""
+    ids = carray(address(ids_at), (tokens, topk), np.int64)
+    weights = carray(address(weights_at), (tokens, topk), np.float32)
+    base, stride = bank[BANK_BASE:BANK_STRIDE], bank[BANK_STRIDE:BANK_WORDS]
+    shape = (tokens, bank[BANK_HIDDEN])
+    if x_bf16:
+        x16 = carray(address(x_at), shape, np.int16)
+        status, call = route(ids, weights, chosen, bank[BANK_EXPERTS], base, stride,
+                             bank[BANK_CODE], bank[BANK_INTER], workers, x16, out_at)  # fmt: skip
+    else:
+        x32 = carray(address(x_at), shape, np.float32)
+        status, call = route(ids, weights, chosen, bank[BANK_EXPERTS], base, stride,
+                             bank[BANK_CODE], bank[BANK_INTER], workers, x32, out_at)  # fmt: skip
     if status < 0:
         return status, call, 0
     call[STAMPS] = stamps
@@ -1030,7 +1040,5 @@ def compile_all() -> None:
     wait_done.compile((ctrl, word, word, word))
     start_call.compile((ctrl, word, word))
     stop.compile((ctrl, word))
-    i64 = types.int64[::1]
-    for x in (types.float32[:, ::1], types.int16[:, ::1]):  # x float32, or bf16 bits
-        start_routed.compile((ctrl, word, word, i64, types.int64[:, ::1], types.float32[:, ::1],
-                              i64, word, x, word))  # fmt: skip
+    start_routed.compile((ctrl, word, word, ctrl, word, word, word, word, ctrl, word, word,
+                          types.boolean, word))  # fmt: skip
