@@ -48,6 +48,9 @@ ACT_FLIPS = 8
 CHECKED = [0, 1]  # the experts of each side's check call
 PEERS = ("kt",)  # `--peer`: kernels measured beside the pool
 SETTLE_WINDOW_S, SETTLE_IDLE, SETTLE_MAX_S = 0.005, 0.2, 0.5  # idle: < 20% of a core
+# a side's block (--no-interleave) waits longer, once a cell: a peer's threads can stay busy
+# well past a call after its load (the H100 box: the pool's first block ran ~70x slow beside them)
+BLOCK_SETTLE_MAX_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -217,13 +220,18 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
         errs = {key: _verify(side.name, side, fmt, x) for key, side in sides.items()}
         for k in cfg.experts_per_call:
             times, submits, phases = {key: [] for key in sides}, [], []
+            busy = {key: 0 for key in sides}  # timed calls started with the process still busy
             for call, key in _call_order(list(sides), WARMUP_CALLS + cfg.calls, cfg.interleave):
                 side = sides[key]
                 run = side.call(x, [(cursor + j) % count for j in range(k)], ROUTER_WEIGHT)
                 cursor += k
                 # a format the peer lacks settles too: its threads spin after its last call
                 if other is not None and (cfg.settle if cfg.interleave else call == 0):
-                    settle()
+                    idle = settle(SETTLE_MAX_S if cfg.interleave else BLOCK_SETTLE_MAX_S)
+                    if not idle and cfg.interleave:
+                        busy[key] += call >= WARMUP_CALLS
+                    elif not idle:
+                        busy[key] = cfg.calls  # the block's calls all run beside it
                 start = time.perf_counter()
                 run()
                 if call >= WARMUP_CALLS:
@@ -238,6 +246,7 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
                 row.update(_cell(key, times[key], k * side.expert_bytes, read, errs[key]))
             if other is not None:
                 row.update(_peer_cells(row, other))
+                row["busy_calls"] = {"pool": busy[""], "peer": busy.get("peer_", 0)}
             if phases:
                 from ft.engine.cpu.phases import summarize  # numba: only with --phases
 
@@ -254,15 +263,17 @@ def _call_order(keys: list[str], calls: int, interleave: bool) -> list[tuple[int
     return [(call, key) for key in keys for call in range(calls)]
 
 
-def settle() -> None:
+def settle(max_s: float = SETTLE_MAX_S) -> bool:
     """Sleep until this process's threads are idle (under SETTLE_IDLE of a core over a
-    window), at most SETTLE_MAX_S: no worker of either side still spinning from its last call."""
+    window), at most max_s: no worker of either side still spinning from its last call.
+    Whether it went idle (else the next calls run beside whatever kept it busy)."""
     start = time.perf_counter()
-    while time.perf_counter() - start < SETTLE_MAX_S:
+    while time.perf_counter() - start < max_s:
         cpu, wall = time.process_time(), time.perf_counter()
         time.sleep(SETTLE_WINDOW_S)
         if time.process_time() - cpu < SETTLE_IDLE * (time.perf_counter() - wall):
-            return
+            return True
+    return False
 
 
 def _cell(key: str, times: list[float], nbytes: int, read: float, err: float) -> dict:

@@ -118,6 +118,15 @@ def _render(result: dict) -> None:
             cells += [f"{r['peer_us']:.0f}", f"{r['peer_gbs']:.2f}", f"{r['ratio']:.2f}"]
         table.add_row(*cells)
     Console().print(table)
+    for r in result["rows"]:
+        busy = r.get("busy_calls") or {}
+        for side, calls in busy.items():
+            if calls:
+                Console().print(
+                    f"{r['fmt']} T={r['tokens']} k={r['experts']}: {calls} of the {side}'s timed "
+                    "calls started with this process still busy (a side's threads still "
+                    "spinning): their figure carries it"
+                )
     if any("phases" in r for r in result["rows"]):
         _render_phases(result)
     if peer:

@@ -140,7 +140,7 @@ def test_without_interleave_each_side_runs_its_calls_in_a_block(pool_log, monkey
     """--no-interleave: per cell the pool's calls back to back, then the peer's, one cursor
     through the store; the process let go idle only before each side's block."""
     settles = []
-    monkeypatch.setattr(cpu_moe, "settle", lambda: settles.append(len(pool_log)))
+    monkeypatch.setattr(cpu_moe, "settle", lambda *_: settles.append(len(pool_log)) or True)
     cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16",), interleave=False, **TINY)
     result = cpu_moe.run_cpu_moe(cfg, lambda _: None, peer=TorchPeer(pool_log))
     assert result["peer"]["interleave"] is False
@@ -163,7 +163,7 @@ def test_a_format_the_peer_lacks_still_starts_each_cell_idle(pool_log, monkeypat
     """The pool's cells of a format with no peer path follow the peer's calls of the format
     before: its workers may still spin (kt's for ~50 ms), so those cells settle too."""
     settles = []
-    monkeypatch.setattr(cpu_moe, "settle", lambda: settles.append(len(pool_log)))
+    monkeypatch.setattr(cpu_moe, "settle", lambda *_: settles.append(len(pool_log)) or True)
     cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16", "int8"), interleave=False, **TINY)
     cpu_moe.run_cpu_moe(cfg, lambda _: None, peer=TorchPeer(pool_log, no_path=("int8",)))
     cells = len(TINY["tokens"]) * len(TINY["experts_per_call"])
@@ -189,15 +189,46 @@ def test_settle_waits_for_spinning_threads_then_returns():
             pass
 
     start = time.perf_counter()
-    cpu_moe.settle()
+    assert cpu_moe.settle() is True
     assert time.perf_counter() - start < 0.1  # idle: at once
     spinner = threading.Thread(target=spin, args=(time.perf_counter() + 0.2,))
     spinner.start()
     start = time.perf_counter()
-    cpu_moe.settle()
+    assert cpu_moe.settle() is True
     waited = time.perf_counter() - start
     spinner.join()
     assert 0.1 < waited < cpu_moe.SETTLE_MAX_S
+    # still spinning when the wait runs out: said, so the calls after it are flagged
+    spinner = threading.Thread(target=spin, args=(time.perf_counter() + 0.4,))
+    spinner.start()
+    assert cpu_moe.settle(0.1) is False
+    spinner.join()
+
+
+def test_calls_started_beside_a_busy_process_are_counted_and_said(pool_log, monkeypatch, capsys):
+    """A peer's threads still busy after the wait (a settle that gave up): the row counts the
+    timed calls that ran beside them, per side, and the table says so under it."""
+    waits = []
+
+    def settle(max_s=cpu_moe.SETTLE_MAX_S):
+        waits.append(max_s)
+        return len(waits) != 1  # the first block, the pool's, starts beside a busy peer
+
+    monkeypatch.setattr(cpu_moe, "settle", settle)
+    cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16",), interleave=False, **TINY)
+    result = cpu_moe.run_cpu_moe(cfg, lambda _: None, peer=TorchPeer(pool_log))
+    assert set(waits) == {cpu_moe.BLOCK_SETTLE_MAX_S}  # a block waits longer than a call
+    busy = [r["busy_calls"] for r in result["rows"]]
+    assert busy[0] == {"pool": TINY["calls"], "peer": 0}
+    assert all(b == {"pool": 0, "peer": 0} for b in busy[1:])
+    from ft.cli.bench_cpu_moe import _render
+
+    _render(result)
+    said = [line for line in capsys.readouterr().out.splitlines() if "still busy" in line]
+    r = result["rows"][0]
+    assert len(said) == 1
+    cell = f"bf16 T={r['tokens']} k={r['experts']}"
+    assert said[0].startswith(f"{cell}: {TINY['calls']} of the pool's")
 
 
 BLOCK_KT = """
