@@ -483,3 +483,38 @@ def test_threads_spin_long_only_on_cores_of_their_own(monkeypatch):
     monkeypatch.setenv("FT_CPU_MOE_SPIN_US", "soon")
     with pytest.raises(FtError, match="FT_CPU_MOE_SPIN_US must be microseconds >= 0, got 'soon'"):
         CpuMoeExecutor(threads=1)
+
+
+def test_a_caller_put_on_its_workers_core_does_not_wait_out_scheduler_slices():
+    """The pool spins long where the caller has a free core, but the scheduler may still run the
+    unpinned caller on a worker's core (another thread took the free one). Two spinners on one
+    core would each wait out the other's whole slice (1.5-4 ms) twice a call; they yield the
+    core instead. The margin is the slice's: a call here takes ~50 us, 8 ms without the yield."""
+    import os
+    import statistics
+    import time
+
+    from ft import cpuinfo
+
+    allowed = cpuinfo.allowed_cores()
+    if len(allowed) < 2:
+        pytest.skip("one core: the pool already spins briefly where the caller shares it")
+    bank, (w13, w2) = bank_for("bf16", torch.float32, *SHAPES[0], seed=2)
+    x = torch.randn(1, SHAPES[0][0])
+    ids, weights = routing(1, 1, seed=2)
+    want = reference(x, w13, w2, ids, weights, 0, False)
+    me = threading.get_native_id()
+    before = os.sched_getaffinity(me)
+    with CpuMoeExecutor(threads=1) as pool:
+        assert pool._layer.caller_spin > 0 and pool._layer.worker_spin > 0  # a core each
+        try:
+            os.sched_setaffinity(me, set(pool.cores))  # the caller beside its worker
+            took = []
+            for _ in range(25):
+                start = time.perf_counter()
+                got = pool.submit_routed(x, bank, "bf16", ids, weights, ids[0].tolist()).wait()
+                took.append(time.perf_counter() - start)
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        finally:
+            os.sched_setaffinity(me, before)
+    assert statistics.median(took[5:]) < 1e-3, took

@@ -171,6 +171,19 @@ def futex(typingctx, addr, op, value):
     return types.int64(addr, op, value), codegen
 
 
+@intrinsic
+def sched_yield(typingctx):
+    """sched_yield(): the core to another thread runnable on it, if any (libc's symbol, as
+    futex's)."""
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [])
+        builder.call(cgutils.get_or_insert_function(builder.module, fnty, "sched_yield"), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
 Q8_BLOCK = 32  # elements per activation scale in q8_dot_rows (llama.cpp's Q8_0 block)
 DOT_TOKENS = 4  # tokens dotted with one pass over a row (the integer and the bf16 dots)
 

@@ -15,6 +15,7 @@ from ft.engine.cpu.intrinsics import (
     atomic_store,
     cycles,
     futex,
+    sched_yield,
     spin_pause,
 )
 from ft.engine.cpu.jit import jit
@@ -31,6 +32,13 @@ _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
 # sharing its core with another (more threads than cores): each would slow the thread it
 # shares with. A futex wake cost the caller 16-26 us on the 2-core EPYC VM.
 SHORT_SPIN_S, SHARED_SPIN_S = 0.0005, 20e-6
+# A spinning thread yields its core every YIELD_CYCLES time-stamp cycles (~10 us at 3 GHz): the
+# scheduler may still put two of the pool's threads on one core (the unpinned caller beside a
+# pinned worker, where some other thread took the caller's free core), and two spinners there
+# each wait out the other's whole slice: 650 us -> 7,964 us a bf16 call on the 2-core EPYC VM,
+# 7.8 ms against ~100 us in the first cells of runs on the 15-thread H100 and H200 boxes. On a
+# core of its own a yield returns at once (~0.5 us, a state change seen that much later).
+YIELD_CYCLES = 30_000
 CALIBRATE_S = 0.02
 
 
@@ -71,13 +79,17 @@ def wait_change(ctrl, i, seen, sleepers, spin):
     """Return ctrl[i] once it differs from `seen`: spin for `spin` time-stamp counter cycles
     (spin_cycles), then sleep on the futex, counted in ctrl[sleepers] so the writer wakes only
     when someone sleeps."""
-    start = cycles()
+    start = last_yield = cycles()
     while True:
         now = atomic_load(ctrl, i)
         if now != seen:
             return now
-        if cycles() - start > spin:
+        at = cycles()
+        if at - start > spin:
             break
+        if at - last_yield > YIELD_CYCLES:
+            sched_yield()
+            last_yield = at
         spin_pause()
     while True:
         atomic_add(ctrl, sleepers, 1)
