@@ -28,7 +28,7 @@ from ft.bench.bw_links import (
     timed,
 )
 from ft.engine.cpu.compute import describe_compute
-from ft.engine.cpu.pool import CpuMoeExecutor, ExpertJob
+from ft.engine.cpu.pool import CpuMoeExecutor
 from ft.errors import FtError
 from ft.profile import DEFAULT_THRESHOLD, VERSION, apply_rules, check
 
@@ -154,7 +154,6 @@ class _FormatBench:
         blocks, self.bank = store  # BenchFormat.make_store: (host blocks, part -> views)
         self.expert_bytes = fmt.expert_bytes(cfg.hidden, cfg.inter)
         self.x = torch.randn(1, cfg.hidden, dtype=fmt.dtype)  # decode batch: one token
-        self.rows, self.weights = torch.zeros(1, dtype=torch.long), torch.ones(1)
         parts, slots = fmt.parts(cfg.hidden, cfg.inter), 2 * cfg.experts_per_step
         self.gather = None if device is None else SlotGather(blocks, parts, slots, device)
         self._cursor = {"cpu": 0, "gpu": cfg.synth_experts // 2}  # the two sides read apart
@@ -166,14 +165,18 @@ class _FormatBench:
         return [(start + j) % n for j in range(k)]
 
     def cpu_step(self, pool: CpuMoeExecutor | None = None) -> int:
+        """One decode step's CPU share, called as hybrid calls it (submit_routed: the layer's
+        routing and bank, no job per expert). A job per expert, as this timed before, read less
+        than hybrid gets: the 15-thread GPU boxes' profiles 101.8 and 63.1 GB/s bf16 where
+        `ft bench cpu-moe` read 122-126 and 90-106; on the 2-core Zen 2 box, alternated twice,
+        bf16 23.2 -> 24.4-26.3 GB/s and nvfp4 11.7-12.2 -> 14.4-15.4 this way."""
         experts = self._next_experts("cpu")
-        jobs = [
-            ExpertJob({k: t[e] for k, t in self.bank.items()}, self.rows, self.weights,
-                      self.fmt.form.name)
-            for e in experts
-        ]  # fmt: skip
-        (pool or self.pool).submit(self.x, jobs).wait()
-        return len(jobs) * self.expert_bytes
+        ids = torch.tensor([experts])  # one token routed to each of the step's experts
+        weights = torch.ones(ids.shape)
+        (pool or self.pool).submit_routed(
+            self.x, self.bank, self.fmt.form.name, ids, weights, experts
+        ).wait()
+        return len(experts) * self.expert_bytes
 
     def cpu_samples(self, n: int, pool: CpuMoeExecutor | None = None) -> list[Sample]:
         return [timed(lambda: self.cpu_step(pool)) for _ in range(n)]

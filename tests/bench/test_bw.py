@@ -26,10 +26,18 @@ class RecordingExecutor(CpuMoeExecutor):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.ran_on: set[str] = set()
+        self.routed: list[int] = []  # experts of each submit_routed call (hybrid's call)
         RecordingExecutor.made.append(self)
 
     def submit(self, x, jobs):
         handle = super().submit(x, jobs)
+        handle.wait()
+        self.ran_on |= handle.ran_on
+        return handle
+
+    def submit_routed(self, x, bank, fmt, topk_ids, topk_weights, experts):
+        self.routed.append(len(experts))
+        handle = super().submit_routed(x, bank, fmt, topk_ids, topk_weights, experts)
         handle.wait()
         self.ran_on |= handle.ran_on
         return handle
@@ -44,6 +52,7 @@ def test_cpu_numbers_come_from_the_pool(monkeypatch):
     (pool,) = RecordingExecutor.made
     steps = (cfg.warmup + cfg.samples) * len(cfg.formats)
     assert pool.stats.experts_in_pool == steps * cfg.experts_per_step
+    assert pool.routed == [cfg.experts_per_step] * steps  # each step called as hybrid calls it
     assert pool.stats.experts_inline == 0
     assert pool.ran_on and all(n.startswith(THREAD_PREFIX) for n in pool.ran_on)
     kernel = profile["dtype_kernels"]["bf16"]
