@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import platform
 from functools import cache
@@ -52,3 +54,21 @@ def allowed_cores() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return list(range(os.cpu_count() or 1))
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def current_cpu() -> int | None:
+    """The core the calling thread runs on now (sched_getcpu), or None where libc lacks it."""
+    libc = _libc()
+    getcpu = getattr(libc, "sched_getcpu", None)
+    if getcpu is None:
+        return None
+    cpu = getcpu()
+    return cpu if cpu >= 0 else None

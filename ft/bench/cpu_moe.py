@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ft import cpuinfo
 from ft.bench.bw_formats import ENGINE_FORMAT_NAMES, FORMATS, BenchFormat
 from ft.bench.bw_links import cpu_stream_read_gbs
 from ft.engine.cpu.pool import COMPUTE_MODES, LAYER_MODES, CpuMoeExecutor
@@ -212,6 +213,9 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
     """One row per tokens x experts per call; `other`: the peer's layer, a "no path" note, or
     None (no peer)."""
     sides = {"": _PoolSide(pool, fmt, bank)}  # row key prefix -> side
+    # a caller on one of these shares a core with a pinned worker; None: the pool takes every
+    # core, so the caller shares one by design (the pool spins briefly there)
+    worker_cores = set(pool.cores) if set(cpuinfo.allowed_cores()) - set(pool.cores) else None
     if other is not None and not isinstance(other, str):
         sides["peer_"] = other
     rows, cursor = [], 0
@@ -221,6 +225,7 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
         for k in cfg.experts_per_call:
             times, submits, phases = {key: [] for key in sides}, [], []
             busy = {key: 0 for key in sides}  # timed calls started with the process still busy
+            shared = 0 if worker_cores is not None else None  # calls ending on a worker's core
             for call, key in _call_order(list(sides), WARMUP_CALLS + cfg.calls, cfg.interleave):
                 side = sides[key]
                 run = side.call(x, [(cursor + j) % count for j in range(k)], ROUTER_WEIGHT)
@@ -238,10 +243,15 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
                     times[key].append(time.perf_counter() - start)
                     if key == "":
                         submits.append(side.submit_s)
+                        # where the caller ran its wait (read after it, untimed): on a worker's
+                        # core the two share it; the pool's cores are its workers' alone
+                        if worker_cores is not None:
+                            shared += cpuinfo.current_cpu() in worker_cores
                         if cfg.phases:
                             phases.append(side.handle.phases())
             row = dict(fmt=fmt.name, compute=compute, tokens=tokens, experts=k,
-                       submit_us=round(statistics.median(submits) * 1e6, 1))  # fmt: skip
+                       submit_us=round(statistics.median(submits) * 1e6, 1),
+                       caller_on_worker_core=shared)  # fmt: skip
             for key, side in sides.items():
                 row.update(_cell(key, times[key], k * side.expert_bytes, read, errs[key]))
             if other is not None:

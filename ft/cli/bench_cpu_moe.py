@@ -119,6 +119,12 @@ def _render(result: dict) -> None:
         table.add_row(*cells)
     Console().print(table)
     for r in result["rows"]:
+        if r.get("caller_on_worker_core"):
+            Console().print(
+                f"{r['fmt']} T={r['tokens']} k={r['experts']}: the caller ended "
+                f"{r['caller_on_worker_core']} timed calls on a pinned worker's core (the two "
+                'shared it: docs/cpu-pool.md, "Design")'
+            )
         busy = r.get("busy_calls") or {}
         for side, calls in busy.items():
             if calls:

@@ -76,3 +76,41 @@ def test_phases_need_the_layer_kernel():
     res = run_ft("bench", "cpu-moe", "--compute", "native", "--phases", "--store-gib", "0.02")
     assert res.returncode == 1 and res.stderr.startswith("error: --phases"), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(300)
+def test_calls_whose_caller_ran_on_a_workers_core_are_counted(capsys, monkeypatch):
+    """The unpinned caller can land on a pinned worker's core (docs/cpu-pool.md, "Design"): each
+    row counts the timed calls it ended on one, and the table says so; where the pool takes every
+    core the caller shares one by design, and the row says None."""
+    import os
+    import threading
+
+    from ft import cpuinfo
+    from ft.cli.bench_cpu_moe import _render
+
+    allowed = cpuinfo.allowed_cores()
+    cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16",), experts_per_call=(1,), tokens=(1,),
+                                    calls=3, store_gib=0.01, threads=len(allowed))  # fmt: skip
+    (row,) = cpu_moe.run_cpu_moe(cfg, lambda _: None)["rows"]
+    assert row["caller_on_worker_core"] is None
+    if len(allowed) < 2:
+        pytest.skip("one core: every caller shares it")
+    me, worker_core = threading.get_native_id(), allowed[0]  # pick_cores: a 1-thread pool's
+    # the process's cores stay every core: only this thread is put where the scheduler might
+    monkeypatch.setattr(cpuinfo, "allowed_cores", lambda: list(allowed))
+    cfg = cpu_moe.CpuMoeBenchConfig(formats=("bf16",), experts_per_call=(1,), tokens=(1,),
+                                    calls=3, store_gib=0.01, threads=1)  # fmt: skip
+    try:
+        os.sched_setaffinity(me, {worker_core})
+        on_worker = cpu_moe.run_cpu_moe(cfg, lambda _: None)
+        os.sched_setaffinity(me, set(allowed) - {worker_core})
+        (apart,) = cpu_moe.run_cpu_moe(cfg, lambda _: None)["rows"]
+    finally:
+        os.sched_setaffinity(me, set(allowed))
+    assert on_worker["rows"][0]["caller_on_worker_core"] == cfg.calls
+    assert apart["caller_on_worker_core"] == 0
+    _render(on_worker)
+    assert "bf16 T=1 k=1: the caller ended 3 timed calls on a pinned worker's core" in (
+        capsys.readouterr().out
+    )  # fmt: skip
