@@ -57,7 +57,8 @@ def allowed_cores() -> list[int]:
 
 
 @cache
-def _libc() -> ctypes.CDLL | None:
+def libc() -> ctypes.CDLL | None:
+    """The C library, loaded once (None where there is none to load)."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
@@ -66,8 +67,7 @@ def _libc() -> ctypes.CDLL | None:
 
 def current_cpu() -> int | None:
     """The core the calling thread runs on now (sched_getcpu), or None where libc lacks it."""
-    libc = _libc()
-    getcpu = getattr(libc, "sched_getcpu", None)
+    getcpu = getattr(libc(), "sched_getcpu", None)
     if getcpu is None:
         return None
     cpu = getcpu()

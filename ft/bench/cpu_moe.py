@@ -49,8 +49,8 @@ ACT_FLIPS = 8
 CHECKED = [0, 1]  # the experts of each side's check call
 PEERS = ("kt",)  # `--peer`: kernels measured beside the pool
 SETTLE_WINDOW_S, SETTLE_IDLE, SETTLE_MAX_S = 0.005, 0.2, 0.5  # idle: < 20% of a core
-# a side's block (--no-interleave) waits longer, once a cell: a peer's threads can stay busy
-# well past a call after its load (the H100 box: the pool's first block ran ~70x slow beside them)
+# a side's block (--no-interleave) waits longer, once a cell: every call of the block runs beside
+# whatever is still busy, where a per-call wait risks one call
 BLOCK_SETTLE_MAX_S = 3.0
 
 

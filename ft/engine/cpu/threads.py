@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import threading
 
@@ -33,11 +32,9 @@ def pick_cores(threads: int | None, cores: list[int] | None) -> list[int]:
 
 def name_os_thread(name: str) -> None:
     """Set the kernel's name of the calling thread (/proc/PID/task/TID/comm, 15 chars max)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the Python name still holds
-        pass
+    prctl = getattr(cpuinfo.libc(), "prctl", None)
+    if prctl is not None:  # else not Linux: the Python name still holds
+        prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def pin_to_core(core: int) -> None:
