@@ -20,7 +20,7 @@ from pathlib import Path
 from ft.diagnose import render
 from ft.diagnose.findings import Finding, findings
 from ft.diagnose.startup import startup_lines
-from ft.diagnose.summary import by_kind, summarize
+from ft.diagnose.summary import by_kind, primary_stacks, summarize
 from ft.log import get_logger
 from ft.probes.cost import sampling
 from ft.probes.sampler import read_stream
@@ -78,9 +78,10 @@ def write_report(out_dir: Path, outcome) -> dict:
         "env": (kinds["env"] or [{}])[0].get("env", {}),
         "files": FILES,
     }
-    write_text_atomic(
-        out_dir / FILES["stacks"], collapsed_stacks(kinds["stacks"], summary.stack_source)
-    )
+    # the whole run's stacks, load included: a short workload window may hold no stack sample
+    # (then the summary has no source), and the file is where a reader looks for every thread
+    whole_run, source = primary_stacks(kinds["stacks"])
+    write_text_atomic(out_dir / FILES["stacks"], collapsed_stacks(whole_run, source))
     _timeline(
         out_dir / FILES["timeline"], kinds, {t.tid: (t.name, t.role) for t in summary.threads}
     )

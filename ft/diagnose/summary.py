@@ -202,7 +202,7 @@ def summarize(records: list[dict], context: dict | None = None) -> Summary:
     records, windowed = workload_window(expand_stacks(records))
     records, warmup = steady_state(records)
     kinds = by_kind(records)
-    stacks, source = _primary_stacks(kinds["stacks"])
+    stacks, source = primary_stacks(kinds["stacks"])
     thread_recs = kinds["threads"]
     times = [r["t"] for r in thread_recs]
     threads = _threads(thread_recs, stacks, kinds["agent"], kinds["stacks"])
@@ -222,7 +222,7 @@ def summarize(records: list[dict], context: dict | None = None) -> Summary:
     )
 
 
-def _primary_stacks(stacks: list[dict]) -> tuple[list[dict], str | None]:
+def primary_stacks(stacks: list[dict]) -> tuple[list[dict], str | None]:
     """The agent's samples where there are any (frequent, no ptrace), else py-spy's."""
     for source in ("agent", "py-spy"):
         chosen = [r for r in stacks if r.get("source") == source]

@@ -145,3 +145,13 @@ def test_the_cost_table_covers_diagnose_defaults_for_every_stack_source():
         row = expected_cost("gpu", source, d.interval, d.agent_interval)
         assert row is not None and row.low_pct <= row.overhead_pct <= row.high_pct, source
     assert expected_cost("gpu", "py-spy", d.interval, d.agent_interval) is None
+
+
+def test_the_stacks_file_keeps_the_whole_run_when_the_workload_window_has_no_stack(tmp_path):
+    records = stream([engine_main()], ticks=4)
+    last = max(r["t"] for r in records if "t" in r)
+    records.append({"kind": "phase", "t": last + 1.0, "phase": "workload"})  # after every stack
+    report = write(tmp_path, records)
+    assert report["run"]["stack_source"] is None  # nothing sampled inside the window
+    text = (tmp_path / "stacks.collapsed").read_text()
+    assert "inline_experts (moe.py:42) 4" in text
