@@ -97,18 +97,20 @@ class CpuMoeBenchConfig:
 
 def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print,
                 peer: Any = None) -> dict:  # fmt: skip
-    """{threads, stream_read_gbs, hidden, inter, rows: one per format, compute, tokens and
+    """{threads (workers), computing_threads (and the caller), stream_read_gbs (at that many
+    threads), hidden, inter, rows: one per format, compute, tokens and
     experts per call; with a peer, peer: what it is and what each format's layer holds}.
     `peer`: a peer object (module docstring); default: the one `cfg.peer` names."""
     if peer is None and cfg.peer:
         peer = make_peer(cfg.peer)  # not installed: FtError before any store is filled
     with CpuMoeExecutor(threads=cfg.threads) as pool:
         threads = pool.threads  # what the default resolves to on this box
+        computing = pool.computing_threads  # the caller too, where it has a core of its own
     progress("host read bandwidth")
-    read = cpu_stream_read_gbs(1 << 30, threads, 10, 2)
+    read = cpu_stream_read_gbs(1 << 30, computing, 10, 2)  # as many threads as stream a call
     rows, layers = [], {}
     if peer is not None:
-        peer.start(threads)
+        peer.start(computing)  # the same computing threads each side
     try:
         for name in cfg.formats:
             fmt = FORMATS[name]
@@ -138,7 +140,8 @@ def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print,
     finally:
         if peer is not None:
             peer.close()
-    result = dict(threads=threads, stream_read_gbs=read, hidden=HIDDEN, inter=INTER, rows=rows)
+    result = dict(threads=threads, computing_threads=computing, stream_read_gbs=read,
+                  hidden=HIDDEN, inter=INTER, rows=rows)  # fmt: skip
     if peer is not None:
         result["peer"] = dict(peer.describe(), layers=layers, settle=cfg.settle,
                               interleave=cfg.interleave)  # fmt: skip
@@ -223,7 +226,7 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
         x = torch.randn(tokens, HIDDEN).to(fmt.dtype)
         errs = {key: _verify(side.name, side, fmt, x) for key, side in sides.items()}
         for k in cfg.experts_per_call:
-            times, submits, phases = {key: [] for key in sides}, [], []
+            times, submits, phases, helped = {key: [] for key in sides}, [], [], []
             busy = {key: 0 for key in sides}  # timed calls started with the process still busy
             shared = 0 if worker_cores is not None else None  # calls ending on a worker's core
             for call, key in _call_order(list(sides), WARMUP_CALLS + cfg.calls, cfg.interleave):
@@ -243,6 +246,7 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
                     times[key].append(time.perf_counter() - start)
                     if key == "":
                         submits.append(side.submit_s)
+                        helped.append(getattr(side.handle, "caller_units", 0))  # task path: 0
                         # where the caller ran its wait (read after it, untimed): on a worker's
                         # core the two share it; the pool's cores are its workers' alone
                         if worker_cores is not None:
@@ -251,6 +255,7 @@ def _measure_format(pool, fmt: BenchFormat, bank, count: int, compute: str, cfg,
                             phases.append(side.handle.phases())
             row = dict(fmt=fmt.name, compute=compute, tokens=tokens, experts=k,
                        submit_us=round(statistics.median(submits) * 1e6, 1),
+                       caller_units=statistics.median(helped),
                        caller_on_worker_core=shared)  # fmt: skip
             for key, side in sides.items():
                 row.update(_cell(key, times[key], k * side.expert_bytes, read, errs[key]))

@@ -97,12 +97,17 @@ def bench_cpu_moe(
 
 def _render(result: dict) -> None:
     read, peer = result["stream_read_gbs"], result.get("peer")
+    workers = result["threads"]
+    helps = result.get("computing_threads", workers) > workers
+    who = f"{workers} worker{'s' if workers > 1 else ''}{' + the caller' if helps else ''}"
     title = (
-        f"ft bench cpu-moe: {result['threads']} threads, D={result['hidden']} "
-        f"I={result['inter']}, host read {read} GB/s"
+        f"ft bench cpu-moe: {who}, D={result['hidden']} I={result['inter']}, host read {read} "
+        f"GB/s at {result.get('computing_threads', workers)} threads"
     )
     columns = ["format", "compute", "tokens", "experts/call", "us/call", "submit us", "GB/s",
                "of read"]  # fmt: skip
+    if helps:
+        columns.append("caller units")  # of a call's, median: what the caller's wait computed
     if peer:
         title += f"; beside {peer['name']} {peer['version']} ({peer['variant']})"
         columns += [f"{peer['name']} us/call", f"{peer['name']} GB/s", f"ft/{peer['name']}"]
@@ -112,6 +117,8 @@ def _render(result: dict) -> None:
     for r in result["rows"]:
         cells = [r["fmt"], r["compute"], str(r["tokens"]), str(r["experts"]), f"{r['us']:.0f}",
                  f"{r['submit_us']:.0f}", f"{r['gbs']:.2f}", _fraction(r["of_read"])]  # fmt: skip
+        if helps:
+            cells.append(f"{r.get('caller_units', 0):g}")
         if peer and r["peer_note"]:
             cells += [r["peer_note"].split(":")[0], "", ""]
         elif peer:

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from ft import cpuinfo
 from ft.bench import cpu_moe
 from ft.bench.bw_formats import FORMATS
 from ft.engine.cpu.pool import CpuMoeExecutor
@@ -24,12 +25,17 @@ def test_cli_measures_every_cell_beside_host_read():
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
     assert result["threads"] == 2 and result["stream_read_gbs"] > 0
+    # the caller computes too where a core is left to it; the host read is at as many threads
+    helps = len(cpuinfo.allowed_cores()) > 2
+    assert result["computing_threads"] == 2 + helps
     cells = {(r["fmt"], r["compute"], r["tokens"], r["experts"]) for r in result["rows"]}
     assert cells == {(f, "auto", t, k) for f in ("bf16", "nvfp4") for t in (1, 2) for k in (1, 2)}
     for r in result["rows"]:
         assert r["gbs"] > 0 and r["max_err"] < 1e-3
         assert 0 < r["submit_us"] < r["us"]  # the caller's side is part of the call
         assert r["of_read"] == pytest.approx(r["gbs"] / result["stream_read_gbs"], abs=1e-3)
+        if not helps:
+            assert r["caller_units"] == 0
 
 
 @pytest.mark.parametrize(

@@ -111,6 +111,7 @@ class LayerHandle:
         # with stamping: the workers' stamps [workers, STAMP_COUNT], and the caller's time-stamp
         # counter as it published the call and as its wait saw it done
         self.stamps, self.published, self.returned = stamps, published, 0
+        self.caller_units = 0  # units of the call its wait() computed (LayerCalls.wait)
 
     def done(self) -> bool:
         return self._finished or self._calls.finished(self.gen)
@@ -120,7 +121,7 @@ class LayerHandle:
         argument and is not used here: the workers run compiled code that cannot raise (submit
         checked the plan), so every call ends once each worker has run its share."""
         if not self._finished:
-            self.returned = self._calls.wait(self.gen)
+            self.returned, self.caller_units = self._calls.wait(self.gen)
             self._finished, self._keep = True, ()
             self.ran_on = set(self._calls.names)
         return self._out
@@ -147,6 +148,11 @@ class LayerCalls:
         worker_s = spin_s if own_core else min(spin_s, SHORT_SPIN_S)
         self.worker_spin = spin_cycles(worker_s if cores_each else min(spin_s, SHARED_SPIN_S))
         self.caller_spin = spin_cycles(spin_s if own_core else min(spin_s, SHARED_SPIN_S))
+        # The caller computes in wait() what no worker has claimed yet, on its own core only
+        # (beside a worker it would take that worker's time); one waiter at a time, its buffers
+        self.caller_helps = own_core
+        self._help = threading.Lock()
+        self._scratch = np.empty(0, np.uint8)
         K.compile_all()
         self.ctrl = control_block(K.control_words(workers))
         self._gen = 0
@@ -175,9 +181,22 @@ class LayerCalls:
     def finished(self, gen: int) -> bool:
         return int(self.ctrl[K.DONE]) >= gen * self.workers
 
-    def wait(self, gen: int) -> int:
-        """Blocks until call `gen` is done; -> the time-stamp counter as the wait saw it done."""
-        return K.wait_done(self.ctrl, gen, self.workers, self.caller_spin)
+    def wait(self, gen: int) -> tuple[int, int]:
+        """Blocks until call `gen` is done, helping with it where the caller has a core of its
+        own; -> (the time-stamp counter as the wait saw it done, the units this thread ran)."""
+        if self.caller_helps and self._help.acquire(blocking=False):
+            try:
+                returned, ran, self._scratch = K.help_and_wait(
+                    self.ctrl, gen, self.workers, self._scratch, self.caller_spin
+                )
+                return returned, ran
+            finally:
+                self._help.release()
+        returned = K.wait_done(self.ctrl, gen, self.workers, self.caller_spin)
+        if self.caller_helps:  # another thread helps: done once it has left its last unit
+            with self._help:
+                pass
+        return returned, 0
 
     def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> LayerHandle:
         """Publish the jobs (all of one format, weights on the host) as one call."""

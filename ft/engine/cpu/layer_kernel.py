@@ -83,7 +83,7 @@ from ft.engine.cpu.intrinsics import (
     wide_layout,
 )
 from ft.engine.cpu.jit import jit
-from ft.engine.cpu.sync import arrive, publish, wait_change, wake
+from ft.engine.cpu.sync import publish, wait_change, wake
 
 # int8 experts with at most this many tokens in a call dot integers (integer_dot), every token
 # in one pass over the row (q8_dot_rows): no decode, and fewer instructions per byte than a
@@ -658,8 +658,9 @@ def _expert_parts(plan, e, parts):
 
 @jit(inline="always")
 def _stamp(plan, worker, point):
-    """Where the plan asks for stamps: this worker's time-stamp counter at `point`."""
-    if plan[STAMPS] != 0:
+    """Where the plan asks for stamps: this worker's time-stamp counter at `point` (the
+    caller, worker == plan[WORKERS], has no row of stamps)."""
+    if plan[STAMPS] != 0 and worker < plan[WORKERS]:
         carray(address(plan[STAMPS] + 8 * (worker * STAMP_COUNT + point)), (1,), np.int64)[0] = (
             cycles()
         )
@@ -733,10 +734,44 @@ def scratch_bytes(plan):
 
 
 @jit(fastmath=True)
+def _prepare_x(plan, fmt, k, starts, rows, x, xq, xs, xc, xb, ready):
+    """x as each expert's dot reads it: quantised (integer_dot) or rounded to bf16 (bf16_dotted),
+    only for the tokens of experts that take that dot (int8's few tokens never read bf16)."""
+    ready[:] = False  # [0, token]: quantised, [1, token]: rounded
+    for e in range(k):
+        integer = integer_dot(fmt, starts[e + 1] - starts[e])
+        if integer or bf16_dotted(fmt):
+            for t in range(starts[e], starts[e + 1]):
+                row, form = rows[t], 0 if integer else 1
+                if not ready[form, row]:
+                    if integer:
+                        quantize_act(fmt, x[row], xq[row], xs[row], xc[row])
+                    else:
+                        _to_bf16(x[row], xb[row])
+                    ready[form, row] = True
+
+
+@jit(fastmath=True)
+def _prepare_act(fmt, k, starts, act, aq, as_, ac, ab):
+    """Phase 2's input, act, as each expert's dot reads it (as _prepare_x)."""
+    for e in range(k):
+        if integer_dot(fmt, starts[e + 1] - starts[e]):
+            for t in range(starts[e], starts[e + 1]):
+                quantize_act(fmt, act[t], aq[t], as_[t], ac[t])
+        elif bf16_dotted(fmt):
+            for t in range(starts[e], starts[e + 1]):
+                _to_bf16(act[t], ab[t])
+
+
+@jit(fastmath=True)
 def run_call(plan, worker, ctrl, gen, scratch, spin):
-    """This worker's share of the call `plan` (phase 1, the barrier, phase 2); its buffers in
-    the worker's scratch (at address `scratch`, scratch_bytes(plan) of it); `spin`: cycles it
-    spins at the barrier before it sleeps."""
+    """A share of the call `plan`: phase 1, the barrier, phase 2; its buffers in the scratch at
+    address `scratch` (scratch_bytes(plan) of it); `spin`: cycles it spins at the barrier before
+    it sleeps. worker < plan[WORKERS]: a pool worker, which claims its own units first; worker ==
+    plan[WORKERS]: the caller, which claims only what the workers have not (help_and_wait),
+    prepares its inputs only once it has a unit (arriving late, it may have none) and stamps
+    nothing. The barrier counts phase 1's units done, not threads: the caller's are in it, and
+    it holds the workers there only for a unit it has claimed. -> the units this thread ran."""
     _stamp(plan, worker, STARTED)
     fmt, k, tokens = plan[FMT], plan[EXPERTS], plan[TOKENS]
     hidden, inter, workers = plan[HIDDEN], plan[INTER], plan[WORKERS]
@@ -752,28 +787,23 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
     )
     for t in range(same.shape[0]):
         same[t] = t
-    # x as each expert's dot reads it: quantised (integer_dot) or rounded to bf16 (bf16_dotted),
-    # only for the tokens of experts that take that dot (int8's few tokens never read bf16)
-    ready[:] = False  # [0, token]: quantised, [1, token]: rounded
-    for e in range(k):
-        integer = integer_dot(fmt, starts[e + 1] - starts[e])
-        if integer or bf16_dotted(fmt):
-            for t in range(starts[e], starts[e + 1]):
-                row, form = rows[t], 0 if integer else 1
-                if not ready[form, row]:
-                    if integer:
-                        quantize_act(fmt, x[row], xq[row], xs[row], xc[row])
-                    else:
-                        _to_bf16(x[row], xb[row])
-                    ready[form, row] = True
-
-    _stamp(plan, worker, PREPARED)
     rows1, blocks1, rows2, units2 = phase_units(plan)
+    units1 = k * blocks1
+    caller = worker == workers
+    if not caller:
+        _prepare_x(plan, fmt, k, starts, rows, x, xq, xs, xc, xb, ready)
+    _stamp(plan, worker, PREPARED)
+    prepared = not caller
+    ran = 0
     victim = 0
     while True:  # phase 1: units of rows [i0, i1) of I of expert e
-        unit, victim = _claim(ctrl, 1, k * blocks1, worker, workers, victim)
+        unit, victim = _claim(ctrl, 1, units1, worker, workers, victim)
         if unit < 0:
             break
+        ran += 1
+        if not prepared:
+            _prepare_x(plan, fmt, k, starts, rows, x, xq, xs, xc, xb, ready)
+            prepared = True
         e = unit // blocks1
         i0 = unit % blocks1 * rows1
         i1 = min(inter, i0 + rows1)
@@ -788,8 +818,7 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
                          t1, dots)  # fmt: skip
                 for t in range(t0, t1):
                     act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
-            continue
-        if bf16_dotted(fmt):
+        elif bf16_dotted(fmt):
             for i in range(i0, i1):
                 bf16_dots(fmt, parts, W13, i, hidden, inter, wb, groups, xb, rows, t0, t1, dots)
                 for t in range(t0, t1):
@@ -798,33 +827,37 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
                           t1, dots)  # fmt: skip
                 for t in range(t0, t1):
                     act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
-            continue
-        for i in range(i0, i1):
-            float_dots(fmt, parts, W13, i, hidden, inter, buf, groups, x, rows, t0, t1, dots)
-            for t in range(t0, t1):
-                act[t, i] = dots[t - t0]  # gate
-            float_dots(fmt, parts, W13, inter + i, hidden, inter, buf, groups, x, rows, t0, t1,
-                       dots)  # fmt: skip
-            for t in range(t0, t1):
-                act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
+        else:
+            for i in range(i0, i1):
+                float_dots(fmt, parts, W13, i, hidden, inter, buf, groups, x, rows, t0, t1, dots)
+                for t in range(t0, t1):
+                    act[t, i] = dots[t - t0]  # gate
+                float_dots(fmt, parts, W13, inter + i, hidden, inter, buf, groups, x, rows, t0,
+                           t1, dots)  # fmt: skip
+                for t in range(t0, t1):
+                    act[t, i] = _silu(act[t, i]) * dots[t - t0] * weights[t]
+        if atomic_add(ctrl, BARRIER, 1) + 1 == units1:  # the unit's act written before the count
+            wake(ctrl, BARRIER, BARRIER_SLEEPERS)
 
-    # every worker's act is needed below: wait for all of this call's phase 1
+    # every unit's act is needed below: wait for all of this call's phase 1
     _stamp(plan, worker, ARRIVED)
-    arrive(ctrl, BARRIER, gen * workers, BARRIER_SLEEPERS, spin)
+    now = atomic_load(ctrl, BARRIER)
+    while now < units1:
+        now = wait_change(ctrl, BARRIER, now, BARRIER_SLEEPERS, spin)
     _stamp(plan, worker, PASSED)
-    for e in range(k):
-        if integer_dot(fmt, starts[e + 1] - starts[e]):
-            for t in range(starts[e], starts[e + 1]):
-                quantize_act(fmt, act[t], aq[t], as_[t], ac[t])
-        elif bf16_dotted(fmt):
-            for t in range(starts[e], starts[e + 1]):
-                _to_bf16(act[t], ab[t])
 
+    if not caller:
+        _prepare_act(fmt, k, starts, act, aq, as_, ac, ab)
+    prepared = not caller
     victim = 0
     while True:  # phase 2: units of rows [d0, d1) of D, every expert's
         unit, victim = _claim(ctrl, 2, units2, worker, workers, victim)
         if unit < 0:
             break
+        ran += 1
+        if not prepared:
+            _prepare_act(fmt, k, starts, act, aq, as_, ac, ab)
+            prepared = True
         d0 = unit * rows2
         d1 = min(hidden, d0 + rows2)
         for t in range(tokens):
@@ -838,18 +871,19 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
                     int_dots(fmt, parts, W2, d, inter, inter, buf, aq, as_, ac, same, t0, t1, dots)
                     for t in range(t0, t1):
                         out[rows[t], d] += dots[t - t0]
-                continue
-            if bf16_dotted(fmt):
+            elif bf16_dotted(fmt):
                 for d in range(d0, d1):
                     bf16_dots(fmt, parts, W2, d, inter, inter, wb, groups, ab, same, t0, t1, dots)
                     for t in range(t0, t1):
                         out[rows[t], d] += dots[t - t0]
-                continue
-            for d in range(d0, d1):
-                float_dots(fmt, parts, W2, d, inter, inter, buf, groups, act, same, t0, t1, dots)
-                for t in range(t0, t1):
-                    out[rows[t], d] += dots[t - t0]
+            else:
+                for d in range(d0, d1):
+                    float_dots(fmt, parts, W2, d, inter, inter, buf, groups, act, same, t0, t1,
+                               dots)  # fmt: skip
+                    for t in range(t0, t1):
+                        out[rows[t], d] += dots[t - t0]
     _stamp(plan, worker, FINISHED)
+    return ran
 
 
 @jit()
@@ -886,6 +920,24 @@ def wait_done(ctrl, gen, workers, spin):
 
 
 @jit()
+def help_and_wait(ctrl, gen, workers, scratch, spin):
+    """wait_done, the caller helping first: the units of call `gen` no worker has claimed yet,
+    run on the caller's core (which only spun before; llama.cpp's main thread is likewise
+    thread 0 of its pool), buffers in `scratch`, grown to the call's need. -> (wait_done's
+    time-stamp counter, the units the caller ran, the scratch)."""
+    ran = 0
+    if atomic_load(ctrl, DONE) < gen * workers:  # else an older call, or nothing left
+        at = ctrl[PLAN]  # call gen's: the caller published it, and no later one yet
+        words = HEADER + carray(address(at), (HEADER,), np.int64)[EXPERTS] * PARTS
+        plan = carray(address(at), (words,), np.int64)
+        need = scratch_bytes(plan)
+        if need > scratch.shape[0]:
+            scratch = np.empty(need, np.uint8)
+        ran = run_call(plan, workers, ctrl, gen, scratch.ctypes.data, spin)
+    return wait_done(ctrl, gen, workers, spin), ran, scratch
+
+
+@jit()
 def start_call(ctrl, plan_addr, gen):
     """Publish call `gen` (its plan at plan_addr) to the waiting workers, their claim counters
     zeroed (each worker of the last call counted itself done after its last claim); returns
@@ -893,6 +945,7 @@ def start_call(ctrl, plan_addr, gen):
     workers = carray(address(plan_addr), (HEADER,), np.int64)[WORKERS]
     for w in range(workers):
         ctrl[_counter(1, w, workers)] = ctrl[_counter(2, w, workers)] = 0
+    ctrl[BARRIER] = 0  # phase 1's units done (every thread of the last call is past it)
     ctrl[PLAN] = plan_addr
     published = cycles()
     publish(ctrl, GEN, gen, WORKER_SLEEPERS)
@@ -1038,6 +1091,7 @@ def compile_all() -> None:
     ctrl, word = types.int64[::1], types.int64
     serve.compile((ctrl, word, word))
     wait_done.compile((ctrl, word, word, word))
+    help_and_wait.compile((ctrl, word, word, types.uint8[::1], word))
     start_call.compile((ctrl, word, word))
     stop.compile((ctrl, word))
     start_routed.compile((ctrl, word, word, ctrl, word, word, word, word, ctrl, word, word,

@@ -187,6 +187,12 @@ class CpuMoeExecutor:
         self.close()
 
     @property
+    def computing_threads(self) -> int:
+        """Threads that compute a layer call: the workers, and its caller where it has a core
+        of its own (it takes what the workers have not started when it waits)."""
+        return self.threads + bool(self._layer is not None and self._layer.caller_helps)
+
+    @property
     def alive(self) -> bool:
         return not self._closed and all(t.is_alive() for t in self._workers)
 

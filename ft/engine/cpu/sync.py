@@ -117,19 +117,6 @@ def wake(ctrl, i, sleepers):
         futex_wake(ctrl, i)
 
 
-@jit()
-def arrive(ctrl, i, target, sleepers, spin):
-    """Count this thread in ctrl[i] (a counter that only grows) and return once it reaches
-    `target` (spinning `spin` cycles at most before each sleep); the thread that reaches it
-    wakes the sleepers."""
-    now = atomic_add(ctrl, i, 1) + 1
-    if now == target:
-        wake(ctrl, i, sleepers)
-        return
-    while now < target:
-        now = wait_change(ctrl, i, now, sleepers, spin)
-
-
 def control_block(words: int) -> np.ndarray:
     """A zeroed int64 array of `words` words, word w at index 8 * w: each on its own cache line
     (no false sharing between the caller's writes and the workers' counters)."""
