@@ -255,7 +255,9 @@ def test_each_unit_of_work_is_claimed_once_its_owners_first():
         layer_kernel.start_call(ctrl, plan.ctypes.data, gen)
         got, victims = {w: [] for w in range(workers)}, [0] * workers
         for w in [0] * 5 + [2] * 6 + [0, 1]:
+            left = layer_kernel._units_left(ctrl, 1, units, workers)
             unit, victims[w] = layer_kernel._claim(ctrl, 1, units, w, workers, victims[w])
+            assert left == (unit >= 0)  # what the caller reads before it prepares its inputs
             if unit >= 0:
                 got[w].append(unit)
         assert got == {0: [0, 1, 2, 3, 4], 1: [], 2: [6, 7, 8, 9, 5]}, gen

@@ -164,6 +164,17 @@ def _claim(ctrl, phase, units, worker, workers, victim):
     return -1, victim
 
 
+@jit(inline="always")
+def _units_left(ctrl, phase, units, workers):
+    """Whether any unit of a phase is still unclaimed (claims only ever take more: a False stays
+    False for the call)."""
+    for v in range(workers):
+        lo, hi = v * units // workers, (v + 1) * units // workers
+        if lo + atomic_load(ctrl, _counter(phase, v, workers)) < hi:
+            return True
+    return False
+
+
 @jit()
 def phase_units(plan):
     """(phase 1's rows of I a unit, its units per expert, phase 2's rows of D a unit, its
@@ -769,9 +780,10 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
     address `scratch` (scratch_bytes(plan) of it); `spin`: cycles it spins at the barrier before
     it sleeps. worker < plan[WORKERS]: a pool worker, which claims its own units first; worker ==
     plan[WORKERS]: the caller, which claims only what the workers have not (help_and_wait),
-    prepares its inputs only once it has a unit (arriving late, it may have none) and stamps
-    nothing. The barrier counts phase 1's units done, not threads: the caller's are in it, and
-    it holds the workers there only for a unit it has claimed. -> the units this thread ran."""
+    prepares a phase's inputs only where a unit of it is left (arriving late, it may find none;
+    prepared before it claims, so that no unit it holds waits on them) and stamps nothing. The
+    barrier counts phase 1's units done, not threads: the caller's are in it, and it holds the
+    workers there only for a unit it has claimed. -> the units this thread ran."""
     _stamp(plan, worker, STARTED)
     fmt, k, tokens = plan[FMT], plan[EXPERTS], plan[TOKENS]
     hidden, inter, workers = plan[HIDDEN], plan[INTER], plan[WORKERS]
@@ -790,10 +802,9 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
     rows1, blocks1, rows2, units2 = phase_units(plan)
     units1 = k * blocks1
     caller = worker == workers
-    if not caller:
+    if not caller or _units_left(ctrl, 1, units1, workers):
         _prepare_x(plan, fmt, k, starts, rows, x, xq, xs, xc, xb, ready)
     _stamp(plan, worker, PREPARED)
-    prepared = not caller
     ran = 0
     victim = 0
     while True:  # phase 1: units of rows [i0, i1) of I of expert e
@@ -801,9 +812,6 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
         if unit < 0:
             break
         ran += 1
-        if not prepared:
-            _prepare_x(plan, fmt, k, starts, rows, x, xq, xs, xc, xb, ready)
-            prepared = True
         e = unit // blocks1
         i0 = unit % blocks1 * rows1
         i1 = min(inter, i0 + rows1)
@@ -846,18 +854,14 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
         now = wait_change(ctrl, BARRIER, now, BARRIER_SLEEPERS, spin)
     _stamp(plan, worker, PASSED)
 
-    if not caller:
+    if not caller or _units_left(ctrl, 2, units2, workers):
         _prepare_act(fmt, k, starts, act, aq, as_, ac, ab)
-    prepared = not caller
     victim = 0
     while True:  # phase 2: units of rows [d0, d1) of D, every expert's
         unit, victim = _claim(ctrl, 2, units2, worker, workers, victim)
         if unit < 0:
             break
         ran += 1
-        if not prepared:
-            _prepare_act(fmt, k, starts, act, aq, as_, ac, ab)
-            prepared = True
         d0 = unit * rows2
         d1 = min(hidden, d0 + rows2)
         for t in range(tokens):
