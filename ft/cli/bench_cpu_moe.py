@@ -98,11 +98,12 @@ def bench_cpu_moe(
 def _render(result: dict) -> None:
     read, peer = result["stream_read_gbs"], result.get("peer")
     workers = result["threads"]
-    helps = result.get("computing_threads", workers) > workers
+    computing = result.get("computing_threads", workers)
+    helps = computing > workers
     who = f"{workers} worker{'s' if workers > 1 else ''}{' + the caller' if helps else ''}"
     title = (
         f"ft bench cpu-moe: {who}, D={result['hidden']} I={result['inter']}, host read {read} "
-        f"GB/s at {result.get('computing_threads', workers)} threads"
+        f"GB/s at {computing} threads"
     )
     columns = ["format", "compute", "tokens", "experts/call", "us/call", "submit us", "GB/s",
                "of read"]  # fmt: skip

@@ -745,7 +745,7 @@ def scratch_bytes(plan):
 
 
 @jit(fastmath=True)
-def _prepare_x(plan, fmt, k, starts, rows, x, xq, xs, xc, xb, ready):
+def _prepare_x(fmt, k, starts, rows, x, xq, xs, xc, xb, ready):
     """x as each expert's dot reads it: quantised (integer_dot) or rounded to bf16 (bf16_dotted),
     only for the tokens of experts that take that dot (int8's few tokens never read bf16)."""
     ready[:] = False  # [0, token]: quantised, [1, token]: rounded
@@ -803,7 +803,7 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
     units1 = k * blocks1
     caller = worker == workers
     if not caller or _units_left(ctrl, 1, units1, workers):
-        _prepare_x(plan, fmt, k, starts, rows, x, xq, xs, xc, xb, ready)
+        _prepare_x(fmt, k, starts, rows, x, xq, xs, xc, xb, ready)
     _stamp(plan, worker, PREPARED)
     ran = 0
     victim = 0
@@ -890,6 +890,21 @@ def run_call(plan, worker, ctrl, gen, scratch, spin):
     return ran
 
 
+@jit(inline="always")
+def _published_plan(ctrl):
+    """The plan of the call last published in ctrl, all its words."""
+    at = atomic_load(ctrl, PLAN)
+    words = HEADER + carray(address(at), (HEADER,), np.int64)[EXPERTS] * PARTS
+    return carray(address(at), (words,), np.int64)
+
+
+@jit(inline="always")
+def _scratch_for(plan, scratch):
+    """`scratch`, or a larger one where call `plan` needs more (scratch_bytes)."""
+    need = scratch_bytes(plan)
+    return np.empty(need, np.uint8) if need > scratch.shape[0] else scratch
+
+
 @jit()
 def serve(ctrl, worker, spin):
     """A worker's whole life: wait for a call (spinning `spin` time-stamp cycles before it
@@ -901,12 +916,8 @@ def serve(ctrl, worker, spin):
         seen = gen
         if atomic_load(ctrl, STOP):
             return
-        at = atomic_load(ctrl, PLAN)
-        words = HEADER + carray(address(at), (HEADER,), np.int64)[EXPERTS] * PARTS
-        plan = carray(address(at), (words,), np.int64)
-        need = scratch_bytes(plan)
-        if need > scratch.shape[0]:
-            scratch = np.empty(need, np.uint8)
+        plan = _published_plan(ctrl)
+        scratch = _scratch_for(plan, scratch)
         run_call(plan, worker, ctrl, gen, scratch.ctypes.data, spin)
         if atomic_add(ctrl, DONE, 1) + 1 == gen * plan[WORKERS]:
             wake(ctrl, DONE, CALLER_SLEEPERS)
@@ -931,12 +942,8 @@ def help_and_wait(ctrl, gen, workers, scratch, spin):
     time-stamp counter, the units the caller ran, the scratch)."""
     ran = 0
     if atomic_load(ctrl, DONE) < gen * workers:  # else an older call, or nothing left
-        at = ctrl[PLAN]  # call gen's: the caller published it, and no later one yet
-        words = HEADER + carray(address(at), (HEADER,), np.int64)[EXPERTS] * PARTS
-        plan = carray(address(at), (words,), np.int64)
-        need = scratch_bytes(plan)
-        if need > scratch.shape[0]:
-            scratch = np.empty(need, np.uint8)
+        plan = _published_plan(ctrl)  # call gen's: the caller published it, and no later one yet
+        scratch = _scratch_for(plan, scratch)
         ran = run_call(plan, workers, ctrl, gen, scratch.ctypes.data, spin)
     return wait_done(ctrl, gen, workers, spin), ran, scratch
 
