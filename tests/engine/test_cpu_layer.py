@@ -53,6 +53,16 @@ def routing(tokens: int, top_k: int, seed: int):
     return ids, weights
 
 
+def _assert_kernel_result(out, fmt, bank, x, w13, w2, ids, weights):
+    """out is the float32 reference's, with the layer kernel's rounding of x and act modelled
+    (the integer dot's, the bf16 dot's) and ACT_FLIPS act roundings allowed the other way."""
+    int_dot = int_dot_tokens(fmt, bank["w13"].dtype)
+    bf16_dot = act_rounding(fmt, bank["w13"].dtype, 64) is bf16_round
+    want = reference(x, w13, w2, ids, weights, int_dot, bf16_dot)
+    flip = quant_ref.act_flip(x, w13, w2, ids, weights) if int_dot or bf16_dot else 0.0
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5 + ACT_FLIPS * flip)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt,dtype", KERNEL_CASES)
@@ -73,12 +83,7 @@ def test_layer_kernel_equals_float32_reference(fmt, dtype, shape, threads):
             # int8, nvfp4 (AVX2): experts of one token take the integer dot; on AVX512-BF16
             # every other expert but float32's the bf16 dot; their rounding modelled; a few act
             # roundings may land the other way (ACT_FLIPS, one step each)
-            int_dot = int_dot_tokens(fmt, bank["w13"].dtype)
-            bf16_dot = act_rounding(fmt, bank["w13"].dtype, 64) is bf16_round
-            want = reference(x, w13, w2, ids, weights, int_dot, bf16_dot)
-            flip = quant_ref.act_flip(x, w13, w2, ids, weights) if int_dot or bf16_dot else 0.0
-            flips = ACT_FLIPS * flip
-            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5 + flips)
+            _assert_kernel_result(out, fmt, bank, x, w13, w2, ids, weights)
         assert pool.stats.experts_inline == 0
 
 
@@ -281,11 +286,7 @@ def test_the_caller_alone_runs_every_unit_no_worker_claimed(fmt, dtype):
     ran = layer_kernel.run_call(plan, 2, calls.ctrl, handle.gen, scratch.ctypes.data, 0)
     rows1, blocks1, rows2, units2 = layer_kernel.phase_units(plan)
     assert ran == plan[layer_kernel.EXPERTS] * blocks1 + units2
-    int_dot = int_dot_tokens(fmt, bank["w13"].dtype)
-    bf16_dot = act_rounding(fmt, bank["w13"].dtype, 64) is bf16_round
-    want = reference(x, w13, w2, ids, weights, int_dot, bf16_dot)
-    flip = quant_ref.act_flip(x, w13, w2, ids, weights) if int_dot or bf16_dot else 0.0
-    torch.testing.assert_close(handle._out, want, rtol=1e-4, atol=1e-5 + ACT_FLIPS * flip)
+    _assert_kernel_result(handle._out, fmt, bank, x, w13, w2, ids, weights)
 
 
 def test_only_a_caller_with_a_core_of_its_own_helps():
