@@ -215,3 +215,29 @@ def test_a_thread_that_stays_in_its_frame_is_not_walked_again_but_one_that_moves
         go_on.set()
         done.set()
         thread.join()
+
+
+def test_a_thread_whose_frame_cannot_be_walked_misses_one_sample_and_the_agent_goes_on(monkeypatch):
+    """CPython 3.11 once gave the agent a code object where a thread's frame was; the agent then
+    stopped for the rest of the run and a diagnosis had no stacks. Now only that thread's sample
+    is missed, in that tick; the other threads are sampled, and the next tick samples it again."""
+    import threading
+
+    from ft.probes.agent import sitecustomize as agent
+
+    current = sys._current_frames
+    bad = {"on": True}
+
+    def frames():
+        got = current()
+        if bad["on"]:
+            got[-1] = agent._stack_key.__code__  # a code object, not a frame
+        return got
+
+    monkeypatch.setattr(sys, "_current_frames", frames)
+    stack_ids, defs, last = {}, [], {}
+    sample = agent._sample(-2, stack_ids, defs, last)
+    idents = {t["ident"] for t in sample}
+    assert threading.get_ident() in idents and -1 not in idents
+    bad["on"] = False
+    assert threading.get_ident() in {t["ident"] for t in agent._sample(-2, stack_ids, defs, last)}

@@ -77,17 +77,24 @@ def _sample(own_ident: int, stack_ids: dict, defs: list, last: dict | None = Non
         if ident == own_ident:  # never report the agent itself
             continue
         thread = by_ident.get(ident)
-        leaf = _leaf(frame)
-        seen = last.get(ident)
-        if seen is not None and seen[0] == leaf:
-            stack = seen[1]
-        else:
-            key = _stack_key(frame)
-            if key not in stack_ids:
-                stack_ids[key] = len(stack_ids)
-                defs.append({"id": stack_ids[key], "frames": _frame_names(key)})
-            stack = stack_ids[key]
-            last[ident] = (leaf, stack)
+        try:
+            leaf = _leaf(frame)
+            seen = last.get(ident)
+            if seen is not None and seen[0] == leaf:
+                stack = seen[1]
+            else:
+                key = _stack_key(frame)
+                if key not in stack_ids:
+                    stack_ids[key] = len(stack_ids)
+                    defs.append({"id": stack_ids[key], "frames": _frame_names(key)})
+                stack = stack_ids[key]
+                last[ident] = (leaf, stack)
+        except AttributeError:
+            # CPython 3.11 once handed a code object where a frame was (a thread mid-call, in the
+            # CPU demo's hybrid startup): "'code' object has no attribute 'f_code'" had stopped
+            # the agent for the rest of the run. That thread misses this sample; the rest do not.
+            last.pop(ident, None)
+            continue
         out.append(
             {
                 "ident": ident,
