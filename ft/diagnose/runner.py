@@ -7,8 +7,8 @@ resumed and stopped and the report is written from the samples gathered so far.
 from __future__ import annotations
 
 import os
+import select
 import signal
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -52,36 +52,74 @@ class RunOutcome:
     failure: str | None = None  # the target failed: how, with its own last error line
 
 
+class StopSignal:
+    """The first of SIGINT/SIGTERM/SIGHUP, as the sampling loop sees it.
+
+    A Python signal handler runs between two bytecodes of the main thread, and that can be inside
+    `threading.Event.wait` with the event's lock held: `Event.set` in the handler then waits for
+    that lock forever (ft hung, the report unwritten). So the handler takes no lock: it notes the
+    signal and writes a byte to a pipe that `wait` sleeps on.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+
+    def set(self, signum: int) -> None:
+        self.received.append(signum)
+        try:
+            os.write(self._write, b"\0")
+        except BlockingIOError:  # the pipe is full of earlier signals' bytes: awake already
+            pass
+
+    def is_set(self) -> bool:
+        return bool(self.received)
+
+    @property
+    def first(self) -> int | None:
+        return self.received[0] if self.received else None
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, less if a signal comes (or came) meanwhile."""
+        if not self.is_set():
+            select.select([self._read], [], [], timeout)
+        return self.is_set()
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
 @contextmanager
 def _caught_signals():
-    """SIGINT/SIGTERM/SIGHUP set an event instead of killing ft: the report still gets written."""
-    stop = threading.Event()
-    got: list[int] = []
+    """SIGINT/SIGTERM/SIGHUP set a StopSignal instead of killing ft: the report gets written."""
+    stop = StopSignal()
 
     def handler(signum, _frame):
-        got.append(signum)
-        stop.set()
+        for s in _SIGNALS:  # one stop is all they ask; a burst would nest handlers without end
+            signal.signal(s, signal.SIG_IGN)
+        stop.set(signum)
 
     previous = {s: signal.signal(s, handler) for s in _SIGNALS}
     try:
-        yield stop, got
+        yield stop
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        stop.close()
 
 
 def diagnose(target: ProcessTarget, config: DiagnoseConfig) -> tuple[RunOutcome, dict]:
     """Run, then write the report; signals stay caught until the report is on disk."""
     from ft.diagnose.report import write_report
 
-    with _caught_signals() as (stop, got):
-        outcome = run(target, config, stop, got)
+    with _caught_signals() as stop:
+        outcome = run(target, config, stop)
         return outcome, write_report(config.out_dir, outcome)
 
 
-def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> RunOutcome:
-    stop = stop if stop is not None else threading.Event()
-    got = got if got is not None else []
+def run(target: ProcessTarget, config: DiagnoseConfig, stop: StopSignal) -> RunOutcome:
     out = config.out_dir
     _check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +136,7 @@ def run(target: ProcessTarget, config: DiagnoseConfig, stop=None, got=None) -> R
     )
     stream.write({"kind": "env", "t": time.time(), "env": collect(light=True)})
     try:
-        outcome = _sample(target, config, stream, agent_dir, env, stop, got)
+        outcome = _sample(target, config, stream, agent_dir, env, stop)
         end = {"stopped_by": outcome.stopped_by, "exit_code": outcome.exit_code}
         stream.write({"kind": "end", "t": time.time(), "context": context | target.context()} | end)
     finally:
@@ -114,7 +152,7 @@ def _check_out_dir(out: Path) -> None:
         raise FtError(f"--out {out} already holds a diagnose run; give a new folder")
 
 
-def _loop(target, config, sampler, stream, stop, got) -> str:
+def _loop(target, config, sampler, stream, stop) -> str:
     """Sample every interval until a signal, the target's exit or end of work, or the deadline."""
     deadline = time.monotonic() + config.duration
     while True:
@@ -123,7 +161,7 @@ def _loop(target, config, sampler, stream, stop, got) -> str:
         for record in target.tick():
             stream.write(record)
         if stop.is_set():
-            return signal.Signals(got[0]).name
+            return signal.Signals(stop.first).name
         if target.exited():
             return "target-exit"
         if target.finished():
@@ -133,9 +171,9 @@ def _loop(target, config, sampler, stream, stop, got) -> str:
         stop.wait(max(0.0, config.interval - (time.monotonic() - tick_at)))
 
 
-def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
+def _sample(target, config, stream, agent_dir, env, stop) -> RunOutcome:
     if stop.is_set():  # a signal came while ft was still collecting the environment
-        return RunOutcome(stream.path, signal.Signals(got[0]).name, None, got[0])
+        return RunOutcome(stream.path, signal.Signals(stop.first).name, None, stop.first)
     pid = target.start(env)
     sampler = None
     stopped_by = "duration"
@@ -146,7 +184,7 @@ def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
             agent_dir,
             sampler_config(config.interval, config.stack_source, target.may_pause),
         )
-        stopped_by = _loop(target, config, sampler, stream, stop, got)
+        stopped_by = _loop(target, config, sampler, stream, stop)
     except FtError:
         raise
     except Exception as exc:  # a probe's bug must not cost the samples already taken
@@ -161,7 +199,7 @@ def _sample(target, config, stream, agent_dir, env, stop, got) -> RunOutcome:
             sampler.close()  # the agent's last lines, written up to the target's end
     code = target.poll()
     get_logger("ft.diagnose").debug("run stopped by %s, exit %s", stopped_by, code)
-    sig = got[0] if got else None
+    sig = stop.first
     exit_code = code if stopped_by == "target-exit" else None
     failure = target.failure(exit_code)
     return RunOutcome(stream.path, stopped_by, exit_code, sig, failure=failure)

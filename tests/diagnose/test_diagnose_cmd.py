@@ -110,12 +110,7 @@ def test_py_spy_alone_where_ptrace_is_permitted(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_writes_the_report_and_stops_a_stopped_target(tmp_path, sig):
     out = tmp_path / "report"
-    cmd = f"{sys.executable} {ASSETS / 'busy_main.py'}"
-    args = ["diagnose", "--cmd", cmd, "--duration", "60", "--interval", "0.25", "--out", str(out)]
-    ft = subprocess.Popen([sys.executable, "-m", "ft", *args], env=ft_env(), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    target = _wait_for_target(ft.pid)
-    _wait_for(lambda: '"kind":"stacks"' in (out / "samples.jsonl").read_text())
+    ft, target = _sampling_busy_main(out)
     target.suspend()  # SIGSTOP: ft must resume it before stopping it
     time.sleep(0.5)
     ft.send_signal(sig)
@@ -125,6 +120,35 @@ def test_a_signal_writes_the_report_and_stops_a_stopped_target(tmp_path, sig):
     assert report["run"]["stopped_by"] == sig.name
     assert_complete(out)
     assert not target.is_running() or target.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_burst_of_signals_stops_ft_once_with_the_report_written(tmp_path):
+    # Python runs a signal's handler between two bytecodes of the main thread, possibly inside
+    # the handler of the signal before: a handler that took a lock (threading.Event.set) hung
+    # ft there. A burst lands handlers inside handlers.
+    out = tmp_path / "report"
+    ft, _ = _sampling_busy_main(out)
+    for _ in range(20000):
+        ft.send_signal(signal.SIGHUP)
+    try:
+        _, err = ft.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        ft.kill()
+        raise AssertionError("ft hung after a burst of SIGHUP") from None
+    assert ft.returncode == 128 + signal.SIGHUP, err
+    assert json.loads((out / "report.json").read_text())["run"]["stopped_by"] == "SIGHUP"
+    assert_complete(out)
+
+
+def _sampling_busy_main(out: Path) -> tuple[subprocess.Popen, psutil.Process]:
+    """`ft diagnose` on busy_main.py for up to 60 s, once its first stacks are on disk."""
+    cmd = f"{sys.executable} {ASSETS / 'busy_main.py'}"
+    args = ["diagnose", "--cmd", cmd, "--duration", "60", "--interval", "0.25", "--out", str(out)]
+    ft = subprocess.Popen([sys.executable, "-m", "ft", *args], env=ft_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    target = _wait_for_target(ft.pid)
+    _wait_for(lambda: '"kind":"stacks"' in (out / "samples.jsonl").read_text())
+    return ft, target
 
 
 def _wait_for(condition, timeout: float = 30) -> None:
