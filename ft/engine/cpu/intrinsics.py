@@ -184,6 +184,19 @@ def sched_yield(typingctx):
     return types.void(), codegen
 
 
+@intrinsic
+def current_cpu(typingctx):
+    """sched_getcpu(): the CPU this thread runs on now, -1 if unknown (libc's symbol, as
+    futex's; glibc answers it from the vDSO or rseq, no system call)."""
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [])
+        cpu = builder.call(cgutils.get_or_insert_function(builder.module, fnty, "sched_getcpu"), [])
+        return builder.sext(cpu, ir.IntType(64))
+
+    return types.int64(), codegen
+
+
 Q8_BLOCK = 32  # elements per activation scale in q8_dot_rows (llama.cpp's Q8_0 block)
 DOT_TOKENS = 4  # tokens dotted with one pass over a row (the integer and the bf16 dots)
 

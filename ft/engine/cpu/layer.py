@@ -139,10 +139,11 @@ class LayerCalls:
     """The control block the workers wait on, and the plans sent through it."""
 
     def __init__(self, workers: int, names: list[str], own_core: bool = False,
-                 cores_each: bool = True) -> None:  # fmt: skip
+                 cores_each: bool = True, worker_cores: list[int] = ()) -> None:  # fmt: skip
         """`own_core`: whether the caller has a core no worker is pinned to; `cores_each`:
-        whether each worker has a core of its own. A thread with a core of its own spins
-        FT_CPU_MOE_SPIN_US for the next call before it sleeps (sync says why others spin less)."""
+        whether each worker has a core of its own; `worker_cores`: the cores they are pinned to.
+        A thread with a core of its own spins FT_CPU_MOE_SPIN_US for the next call before it
+        sleeps (sync says why others spin less)."""
         self.workers, self.names = workers, names
         spin_s = settings.cpu_moe_spin_us() * 1e-6
         worker_s = spin_s if own_core else min(spin_s, SHORT_SPIN_S)
@@ -151,6 +152,8 @@ class LayerCalls:
         # The caller computes in wait() what no worker has claimed yet, on its own core only
         # (beside a worker it would take that worker's time); one waiter at a time, its buffers
         self.caller_helps = own_core
+        self._worker_cores = np.zeros(max(worker_cores, default=-1) + 1, np.uint8)
+        self._worker_cores[list(worker_cores)] = 1  # where the caller does not help
         self._help = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         K.compile_all()
@@ -183,12 +186,14 @@ class LayerCalls:
 
     def wait(self, gen: int) -> tuple[int, int]:
         """Blocks until call `gen` is done, helping with it where the caller has a core of its
-        own; -> (the time-stamp counter as the wait saw it done, the units this thread ran)."""
+        own and runs there, on no worker's core (help_and_wait); -> (the time-stamp counter as
+        the wait saw it done, the units this thread ran)."""
         if self.caller_helps and self._help.acquire(blocking=False):
             try:
                 returned, ran, self._scratch = K.help_and_wait(
-                    self.ctrl, gen, self.workers, self._scratch, self.caller_spin
-                )
+                    self.ctrl, gen, self.workers, self._scratch, self.caller_spin,
+                    self._worker_cores,
+                )  # fmt: skip
                 return returned, ran
             finally:
                 self._help.release()

@@ -66,6 +66,7 @@ from ft.engine.cpu.intrinsics import (
     bf16_dot_rows_per_128,
     bf16_f32_dot_rows,
     bits_of_f32,
+    current_cpu,
     cycles,
     decode_e2m1,
     decode_e2m1_bf16,
@@ -935,13 +936,19 @@ def wait_done(ctrl, gen, workers, spin):
 
 
 @jit()
-def help_and_wait(ctrl, gen, workers, scratch, spin):
+def help_and_wait(ctrl, gen, workers, scratch, spin, worker_cores):
     """wait_done, the caller helping first: the units of call `gen` no worker has claimed yet,
     run on the caller's core (which only spun before; llama.cpp's main thread is likewise
-    thread 0 of its pool), buffers in `scratch`, grown to the call's need. -> (wait_done's
+    thread 0 of its pool), buffers in `scratch`, grown to the call's need. Not where the
+    scheduler has put the caller on a core a worker is pinned to (worker_cores[cpu] != 0): that
+    worker, woken there, would find its units taken and spin at the barrier on the core the
+    caller computes on (the 15-worker H100 box, the caller unpinned: one worker ran no unit of
+    phase 1 in every call, bf16 9-27% slower than the caller only waiting). -> (wait_done's
     time-stamp counter, the units the caller ran, the scratch)."""
     ran = 0
-    if atomic_load(ctrl, DONE) < gen * workers:  # else an older call, or nothing left
+    cpu = current_cpu()
+    beside_a_worker = 0 <= cpu < worker_cores.shape[0] and worker_cores[cpu] != 0
+    if not beside_a_worker and atomic_load(ctrl, DONE) < gen * workers:  # else nothing left
         plan = _published_plan(ctrl)  # call gen's: the caller published it, and no later one yet
         scratch = _scratch_for(plan, scratch)
         ran = run_call(plan, workers, ctrl, gen, scratch.ctypes.data, spin)
@@ -1102,7 +1109,7 @@ def compile_all() -> None:
     ctrl, word = types.int64[::1], types.int64
     serve.compile((ctrl, word, word))
     wait_done.compile((ctrl, word, word, word))
-    help_and_wait.compile((ctrl, word, word, types.uint8[::1], word))
+    help_and_wait.compile((ctrl, word, word, types.uint8[::1], word, types.uint8[::1]))
     start_call.compile((ctrl, word, word))
     stop.compile((ctrl, word))
     start_routed.compile((ctrl, word, word, ctrl, word, word, word, word, ctrl, word, word,

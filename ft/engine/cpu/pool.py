@@ -159,7 +159,7 @@ class CpuMoeExecutor:
         own_core = bool(set(cpuinfo.allowed_cores()) - set(self.cores))  # no worker pinned there
         cores_each = len(set(self.cores)) == len(self.cores)  # no two workers on one core
         names = [f"{THREAD_PREFIX}{k}" for k in range(self.threads)]
-        return LayerCalls(self.threads, names, own_core, cores_each)
+        return LayerCalls(self.threads, names, own_core, cores_each, self.cores)
 
     def _start_worker(self, k: int) -> threading.Thread:
         t = threading.Thread(
