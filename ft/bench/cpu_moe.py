@@ -110,7 +110,10 @@ def run_cpu_moe(cfg: CpuMoeBenchConfig, progress: Callable[[str], None] = print,
     read = cpu_stream_read_gbs(1 << 30, computing, 10, 2)  # as many threads as stream a call
     rows, layers = [], {}
     if peer is not None:
-        peer.start(computing)  # the same computing threads each side
+        # as many pool threads each side, each with its calling thread beside them: kt's
+        # CPUInfer(N) computes on N and its caller waits in sync(); at N = every core
+        # (16 on the H100 box) it oversubscribed them, 0.5-25 GB/s where 15 gave 26-105
+        peer.start(threads)
     try:
         for name in cfg.formats:
             fmt = FORMATS[name]

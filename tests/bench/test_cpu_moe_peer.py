@@ -37,9 +37,10 @@ class TorchPeer:
 
     def __init__(self, log: list, no_path: tuple[str, ...] = (), off: float = 0.0) -> None:
         self.log, self.no_path, self.off, self.started = log, no_path, off, None
+        self.started_with = None
 
     def start(self, threads: int) -> None:
-        self.started = threads
+        self.started = self.started_with = threads
 
     def close(self) -> None:
         self.started = None
@@ -107,6 +108,7 @@ def test_peer_calls_interleave_with_the_pool_through_one_store(pool_log):
     peer = TorchPeer(pool_log, no_path=("int8",))
     result = cpu_moe.run_cpu_moe(cfg, lambda _: None, peer=peer)
     assert peer.started is None  # closed
+    assert peer.started_with == result["threads"]  # a pool as large as ours, its caller beside
     bf16 = [r for r in result["rows"] if r["fmt"] == "bf16"]
     assert {(r["tokens"], r["experts"]) for r in bf16} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     for r in bf16:  # both measured, checked, and set side by side
