@@ -9,6 +9,7 @@ here, because the kernel reads raw addresses and checks no bounds.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -194,7 +195,9 @@ class LayerCalls:
                     self.ctrl, gen, self.workers, self._scratch, self.caller_spin,
                     self._worker_cores,
                 )  # fmt: skip
-                return returned, ran
+                if ran < 0:  # it only waited, on a worker's core
+                    self._step_off_the_workers()
+                return returned, max(ran, 0)
             finally:
                 self._help.release()
         returned = K.wait_done(self.ctrl, gen, self.workers, self.caller_spin)
@@ -202,6 +205,19 @@ class LayerCalls:
             with self._help:
                 pass
         return returned, 0
+
+    def _step_off_the_workers(self) -> None:
+        """Move this thread to a core no worker is pinned to, then give it back the affinity it
+        had: the scheduler left the caller beside a worker for whole runs of calls (Zen 2, the
+        first cell after a store was filled: 25-30 calls of 30), and a moved thread stays where
+        it was put until the scheduler moves it again. A thread pinned to workers' cores alone
+        stays there."""
+        me = threading.get_native_id()
+        allowed = os.sched_getaffinity(me)
+        free = allowed - set(np.flatnonzero(self._worker_cores).tolist())
+        if free:
+            os.sched_setaffinity(me, free)
+            os.sched_setaffinity(me, allowed)
 
     def submit(self, x: torch.Tensor, jobs: list[ExpertJob]) -> LayerHandle:
         """Publish the jobs (all of one format, weights on the host) as one call."""

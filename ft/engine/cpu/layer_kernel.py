@@ -944,11 +944,13 @@ def help_and_wait(ctrl, gen, workers, scratch, spin, worker_cores):
     worker, woken there, would find its units taken and spin at the barrier on the core the
     caller computes on (the 15-worker H100 box, the caller unpinned: one worker ran no unit of
     phase 1 in every call, bf16 9-27% slower than the caller only waiting). -> (wait_done's
-    time-stamp counter, the units the caller ran, the scratch)."""
-    ran = 0
+    time-stamp counter, the units the caller ran (-1: it was on a worker's core), the
+    scratch)."""
     cpu = current_cpu()
-    beside_a_worker = 0 <= cpu < worker_cores.shape[0] and worker_cores[cpu] != 0
-    if not beside_a_worker and atomic_load(ctrl, DONE) < gen * workers:  # else nothing left
+    if 0 <= cpu < worker_cores.shape[0] and worker_cores[cpu] != 0:
+        return wait_done(ctrl, gen, workers, spin), -1, scratch
+    ran = 0
+    if atomic_load(ctrl, DONE) < gen * workers:  # else an older call, or nothing left
         plan = _published_plan(ctrl)  # call gen's: the caller published it, and no later one yet
         scratch = _scratch_for(plan, scratch)
         ran = run_call(plan, workers, ctrl, gen, scratch.ctypes.data, spin)
