@@ -281,7 +281,7 @@ def test_the_caller_alone_runs_every_unit_no_worker_claimed(fmt, dtype):
     bank, (w13, w2) = bank_for(fmt, dtype, hidden, inter, seed=11)
     x = torch.randn(2, hidden, generator=torch.Generator().manual_seed(3))
     ids, weights = routing(2, 3, seed=5)
-    calls = LayerCalls(2, ["unserved-0", "unserved-1"], own_core=True)  # no thread serves it
+    calls = LayerCalls(["unserved-0", "unserved-1"], [])  # no thread serves it, none pinned
     handle = calls.submit_routed(x, bank, fmt, ids, weights, list(range(EXPERTS)))
     plan = handle._keep[0]
     scratch = np.empty(layer_kernel.scratch_bytes(plan) + layer_kernel.SCRATCH_ALIGN, np.uint8)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ft import settings
+from ft import cpuinfo, settings
 from ft.engine.cpu import layer_kernel as K
 from ft.engine.cpu.compute import ExpertJob, check_parts
 from ft.engine.cpu.phases import CallPhases
@@ -139,13 +139,13 @@ class LayerHandle:
 class LayerCalls:
     """The control block the workers wait on, and the plans sent through it."""
 
-    def __init__(self, workers: int, names: list[str], own_core: bool = False,
-                 cores_each: bool = True, worker_cores: list[int] = ()) -> None:  # fmt: skip
-        """`own_core`: whether the caller has a core no worker is pinned to; `cores_each`:
-        whether each worker has a core of its own; `worker_cores`: the cores they are pinned to.
-        A thread with a core of its own spins FT_CPU_MOE_SPIN_US for the next call before it
-        sleeps (sync says why others spin less)."""
-        self.workers, self.names = workers, names
+    def __init__(self, names: list[str], worker_cores: list[int]) -> None:
+        """One worker per name, pinned to `worker_cores` (one core each, in order; empty where
+        no worker is pinned). A thread with a core of its own spins FT_CPU_MOE_SPIN_US for the
+        next call before it sleeps (sync says why others spin less)."""
+        self.workers, self.names = len(names), names
+        own_core = bool(set(cpuinfo.allowed_cores()) - set(worker_cores))  # no worker pinned there
+        cores_each = len(set(worker_cores)) == len(worker_cores)  # no two workers on one core
         spin_s = settings.cpu_moe_spin_us() * 1e-6
         worker_s = spin_s if own_core else min(spin_s, SHORT_SPIN_S)
         self.worker_spin = spin_cycles(worker_s if cores_each else min(spin_s, SHARED_SPIN_S))
@@ -158,7 +158,7 @@ class LayerCalls:
         self._help = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         K.compile_all()
-        self.ctrl = control_block(K.control_words(workers))
+        self.ctrl = control_block(K.control_words(self.workers))
         self._gen = 0
         self._last: LayerHandle | None = None
         self._lock = threading.Lock()  # submits from two threads publish one after the other

@@ -156,10 +156,7 @@ class CpuMoeExecutor:
         (ft.engine.cpu.layer); float32 / native: they take row-block tasks from a queue."""
         from ft.engine.cpu.layer import LayerCalls  # numba: imported where it is used
 
-        own_core = bool(set(cpuinfo.allowed_cores()) - set(self.cores))  # no worker pinned there
-        cores_each = len(set(self.cores)) == len(self.cores)  # no two workers on one core
-        names = [f"{THREAD_PREFIX}{k}" for k in range(self.threads)]
-        return LayerCalls(self.threads, names, own_core, cores_each, self.cores)
+        return LayerCalls([f"{THREAD_PREFIX}{k}" for k in range(self.threads)], self.cores)
 
     def _start_worker(self, k: int) -> threading.Thread:
         t = threading.Thread(
