@@ -624,3 +624,57 @@ def test_a_caller_put_on_its_workers_core_does_not_wait_out_scheduler_slices():
                 took.append(time.perf_counter() - start)
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert statistics.median(took[5:]) < 1e-3, took
+
+
+def test_a_caller_preempted_in_its_wait_sleeps_at_once_for_the_next_calls(monkeypatch):
+    """A busy thread on the caller's core (CUDA's spinning waits, hybrid's copier) preempts it;
+    spinning there it would see each call done a scheduler tick late. After a wait in which it
+    was preempted the next SHARED_CALLS[0] waits sleep at once (short spin, no help), then it
+    tries again: preempted again, twice as many; not preempted, it helps and spins again."""
+    from ft import cpuinfo
+    from ft.engine.cpu import layer
+
+    if len(cpuinfo.allowed_cores()) < 2:
+        pytest.skip("one core: the caller never helps")
+    preemptions, busy, seen = [0], [False], []
+    monkeypatch.setattr(layer, "_preemptions", lambda: preemptions[0])
+    real_help, real_wait = layer_kernel.help_and_wait, layer_kernel.wait_done
+
+    def help_and_wait(ctrl, gen, workers, scratch, spin, cores):
+        seen.append(("help", spin))
+        preemptions[0] += busy[0]  # the scheduler took it off its core during this wait
+        return real_help(ctrl, gen, workers, scratch, spin, cores)
+
+    def wait_done(ctrl, gen, workers, spin):
+        seen.append(("sleep", spin))
+        return real_wait(ctrl, gen, workers, spin)
+
+    bank, (w13, w2) = bank_for("bf16", torch.float32, *SHAPES[2], seed=7)
+    x = torch.randn(1, SHAPES[2][0])
+    ids, weights = routing(1, 3, seed=7)
+    want = reference(x, w13, w2, ids, weights, 0, False)
+    first = layer.SHARED_CALLS[0]
+    with CpuMoeExecutor(threads=len(cpuinfo.allowed_cores()) - 1) as pool:
+        monkeypatch.setattr(layer_kernel, "help_and_wait", help_and_wait)  # after compile_all
+        monkeypatch.setattr(layer_kernel, "wait_done", wait_done)
+        calls = pool._layer
+        spin, short = calls.caller_spin, calls._shared_spin
+        assert short < spin
+
+        def waits(n: int, preempted: bool) -> list[tuple[str, int]]:
+            busy[0], start = preempted, len(seen)
+            for _ in range(n):
+                handle = pool.submit_routed(x, bank, "bf16", ids, weights, list(range(EXPERTS)))
+                torch.testing.assert_close(handle.wait(), want, rtol=1e-4, atol=1e-5)
+                if seen[-1][0] == "sleep":
+                    assert handle.caller_units == 0
+            # help_and_wait's own wait_done is inside the compiled call, not seen here
+            return [kind for kind, _ in seen[start:]]
+
+        assert waits(3, False) == ["help"] * 3
+        assert waits(1 + first, True) == ["help"] + ["sleep"] * first
+        assert all(s == short for kind, s in seen[-first:])
+        assert waits(1 + 2 * first, True) == ["help"] + ["sleep"] * (2 * first)
+        assert waits(1, False) == ["help"]  # the try after them, not preempted
+        assert waits(3, False) == ["help"] * 3
+        assert all(s == spin for kind, s in seen[-4:])

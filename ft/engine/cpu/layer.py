@@ -10,6 +10,7 @@ here, because the kernel reads raw addresses and checks no bounds.
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import weakref
 from dataclasses import dataclass
@@ -136,6 +137,21 @@ class LayerHandle:
         return CallPhases.of(self.stamps, self.published, self.returned)
 
 
+# A caller that spins (or helps) on a core a busy thread shares (CUDA's spinning waits, hybrid's
+# copier) sees its call done only at its next turn on that core, a scheduler tick later: bf16
+# one token 8 experts took 4.0 ms a call beside the PCIe copies of `ft bench bw` on the H100
+# box (18.9 GB/s in every tree measured), and so on the 2-core Zen 5 box beside a busy
+# process. A sleeping caller is woken by the last worker's futex wake and run first. So after a
+# wait in which it was preempted the caller sleeps at once for the next calls: 16 of them, up
+# to 256 while it is preempted again each time it tries the spin.
+SHARED_CALLS = (16, 256)
+
+
+def _preemptions() -> int:
+    """Times the scheduler took this thread off its core against its will (Linux, per thread)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+
+
 class LayerCalls:
     """The control block the workers wait on, and the plans sent through it."""
 
@@ -150,9 +166,11 @@ class LayerCalls:
         worker_s = spin_s if own_core else min(spin_s, SHORT_SPIN_S)
         self.worker_spin = spin_cycles(worker_s if cores_each else min(spin_s, SHARED_SPIN_S))
         self.caller_spin = spin_cycles(spin_s if own_core else min(spin_s, SHARED_SPIN_S))
+        self._shared_spin = spin_cycles(min(spin_s, SHARED_SPIN_S))
         # The caller computes in wait() what no worker has claimed yet, on its own core only
         # (beside a worker it would take that worker's time); one waiter at a time, its buffers
         self.caller_helps = own_core
+        self._shared_calls, self._shared_next = 0, SHARED_CALLS[0]  # (CallerCore)
         self._worker_cores = np.zeros(max(worker_cores, default=-1) + 1, np.uint8)
         self._worker_cores[list(worker_cores)] = 1  # where the caller does not help
         self._help = threading.Lock()
@@ -188,23 +206,39 @@ class LayerCalls:
     def wait(self, gen: int) -> tuple[int, int]:
         """Blocks until call `gen` is done, helping with it where the caller has a core of its
         own and runs there, on no worker's core (help_and_wait); -> (the time-stamp counter as
-        the wait saw it done, the units this thread ran)."""
+        the wait saw it done, the units this thread ran). A wait in which the scheduler took
+        the caller off its core against its will (a busy thread shares it) makes the next ones
+        sleep at once and not help, for SHARED_CALLS."""
+        preempted = _preemptions()
+        if self._shared_calls:
+            self._shared_calls -= 1
+            return K.wait_done(self.ctrl, gen, self.workers, self._shared_spin), 0
         if self.caller_helps and self._help.acquire(blocking=False):
             try:
                 returned, ran, self._scratch = K.help_and_wait(
                     self.ctrl, gen, self.workers, self._scratch, self.caller_spin,
                     self._worker_cores,
                 )  # fmt: skip
-                if ran < 0:  # it only waited, on a worker's core
+                if ran < 0:  # it only waited, on a worker's core (the move's switch: not noted)
                     self._step_off_the_workers()
-                return returned, max(ran, 0)
             finally:
                 self._help.release()
-        returned = K.wait_done(self.ctrl, gen, self.workers, self.caller_spin)
-        if self.caller_helps:  # another thread helps: done once it has left its last unit
-            with self._help:
-                pass
-        return returned, 0
+        else:
+            returned, ran = K.wait_done(self.ctrl, gen, self.workers, self.caller_spin), 0
+            if self.caller_helps:  # another thread helps: done once it has left its last unit
+                with self._help:
+                    pass
+        self._note_preemption(_preemptions() > preempted and ran >= 0)
+        return returned, max(ran, 0)
+
+    def _note_preemption(self, preempted: bool) -> None:
+        """After a wait that spun: where the caller was preempted, its next SHARED_CALLS waits
+        sleep at once (the count doubling while each try after them is preempted again)."""
+        if preempted:
+            self._shared_calls = self._shared_next
+            self._shared_next = min(2 * self._shared_next, SHARED_CALLS[1])
+        else:
+            self._shared_next = SHARED_CALLS[0]
 
     def _step_off_the_workers(self) -> None:
         """Move this thread to a core no worker is pinned to, then give it back the affinity it
