@@ -636,13 +636,12 @@ def test_a_caller_preempted_in_its_wait_sleeps_at_once_for_the_next_calls(monkey
 
     if len(cpuinfo.allowed_cores()) < 2:
         pytest.skip("one core: the caller never helps")
-    preemptions, busy, seen = [0], [False], []
-    monkeypatch.setattr(layer, "_preemptions", lambda: preemptions[0])
+    busy, seen = [False], []
+    monkeypatch.setattr(layer, "_preempted_since", lambda mark: busy[0])
     real_help, real_wait = layer_kernel.help_and_wait, layer_kernel.wait_done
 
     def help_and_wait(ctrl, gen, workers, scratch, spin, cores):
         seen.append(("help", spin))
-        preemptions[0] += busy[0]  # the scheduler took it off its core during this wait
         return real_help(ctrl, gen, workers, scratch, spin, cores)
 
     def wait_done(ctrl, gen, workers, spin):

@@ -76,3 +76,27 @@ def test_the_row_bench_times_each_format_and_token_count_on_its_kernel_path():
         "bf16" if k.bf16_dotted.py_func(k.BF16) else "float-fused" if fused else "float"
     )
     assert got["fp8_block", 1]["path"] in ("bf16", "float")
+
+
+def test_the_neighbour_bench_times_the_call_with_each_neighbour_and_stops_them():
+    import psutil
+
+    from ft import cpuinfo
+
+    if len(cpuinfo.allowed_cores()) < 2:
+        pytest.skip("one core: the pool leaves the caller no core of its own")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rows = run_script(
+        "bench_caller_neighbour.py", "--calls", "6", "--rounds", "1", "--experts", "2",
+        "--store-experts", "8", "--neighbours", "none,spin,yield",
+    )  # fmt: skip
+    assert [r["neighbour"] for r in rows] == ["none", "spin", "yield"]
+    assert all(r["gbs"] > 0 and r["p90_ms"] > 0 for r in rows)
+    assert all(sum(r["caller_cpus"].values()) == 6 for r in rows)  # each call's CPU noted
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before  # none left
+    script = str(REPO_ROOT / "scripts" / "bench_caller_neighbour.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--neighbours", "hog"], capture_output=True, text=True,
+        env=ft_env(),
+    )  # fmt: skip
+    assert proc.returncode == 1 and "unknown neighbour 'hog'" in proc.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import resource
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
@@ -147,9 +148,22 @@ class LayerHandle:
 SHARED_CALLS = (16, 256)
 
 
-def _preemptions() -> int:
-    """Times the scheduler took this thread off its core against its will (Linux, per thread)."""
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+# off its core this long in a wait, against its will: a busy thread shares the core (a passing
+# kernel thread's tens of us do not count; counting them lost the help on idle cores)
+PREEMPTED_S = 0.0005
+
+
+def _core_mark() -> tuple[int, float, float]:
+    """(this thread's involuntary switches, wall time, its CPU time) now (Linux)."""
+    switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+    return switches, time.perf_counter(), time.thread_time()
+
+
+def _preempted_since(mark: tuple[int, float, float]) -> bool:
+    """Whether the scheduler took this thread off its core against its will since `mark`, for
+    PREEMPTED_S or more in all."""
+    switches, wall, cpu = _core_mark()
+    return switches > mark[0] and (wall - mark[1]) - (cpu - mark[2]) >= PREEMPTED_S
 
 
 class LayerCalls:
@@ -207,9 +221,9 @@ class LayerCalls:
         """Blocks until call `gen` is done, helping with it where the caller has a core of its
         own and runs there, on no worker's core (help_and_wait); -> (the time-stamp counter as
         the wait saw it done, the units this thread ran). A wait in which the scheduler took
-        the caller off its core against its will (a busy thread shares it) makes the next ones
-        sleep at once and not help, for SHARED_CALLS."""
-        preempted = _preemptions()
+        the caller off its core against its will for PREEMPTED_S (a busy thread shares it)
+        makes the next ones sleep at once and not help, for SHARED_CALLS."""
+        mark = _core_mark()
         if self._shared_calls:
             self._shared_calls -= 1
             return K.wait_done(self.ctrl, gen, self.workers, self._shared_spin), 0
@@ -228,7 +242,7 @@ class LayerCalls:
             if self.caller_helps:  # another thread helps: done once it has left its last unit
                 with self._help:
                     pass
-        self._note_preemption(_preemptions() > preempted and ran >= 0)
+        self._note_preemption(ran >= 0 and _preempted_since(mark))
         return returned, max(ran, 0)
 
     def _note_preemption(self, preempted: bool) -> None:
