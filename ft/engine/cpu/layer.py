@@ -184,7 +184,7 @@ class LayerCalls:
         # The caller computes in wait() what no worker has claimed yet, on its own core only
         # (beside a worker it would take that worker's time); one waiter at a time, its buffers
         self.caller_helps = own_core
-        self._shared_calls, self._shared_next = 0, SHARED_CALLS[0]  # (CallerCore)
+        self._shared_calls, self._shared_next = 0, SHARED_CALLS[0]  # wait()
         self._worker_cores = np.zeros(max(worker_cores, default=-1) + 1, np.uint8)
         self._worker_cores[list(worker_cores)] = 1  # where the caller does not help
         self._help = threading.Lock()
@@ -223,11 +223,9 @@ class LayerCalls:
         the wait saw it done, the units this thread ran). A wait in which the scheduler took
         the caller off its core against its will for PREEMPTED_S (a busy thread shares it)
         makes the next ones sleep at once and not help, for SHARED_CALLS."""
-        mark = _core_mark()
-        if self._shared_calls:
-            self._shared_calls -= 1
-            return K.wait_done(self.ctrl, gen, self.workers, self._shared_spin), 0
-        if self.caller_helps and self._help.acquire(blocking=False):
+        mark, shared = _core_mark(), self._shared_calls > 0
+        self._shared_calls -= shared
+        if not shared and self.caller_helps and self._help.acquire(blocking=False):
             try:
                 returned, ran, self._scratch = K.help_and_wait(
                     self.ctrl, gen, self.workers, self._scratch, self.caller_spin,
@@ -238,11 +236,13 @@ class LayerCalls:
             finally:
                 self._help.release()
         else:
-            returned, ran = K.wait_done(self.ctrl, gen, self.workers, self.caller_spin), 0
+            spin = self._shared_spin if shared else self.caller_spin
+            returned, ran = K.wait_done(self.ctrl, gen, self.workers, spin), 0
             if self.caller_helps:  # another thread helps: done once it has left its last unit
                 with self._help:
                     pass
-        self._note_preemption(ran >= 0 and _preempted_since(mark))
+        if not shared:
+            self._note_preemption(ran >= 0 and _preempted_since(mark))
         return returned, max(ran, 0)
 
     def _note_preemption(self, preempted: bool) -> None:
