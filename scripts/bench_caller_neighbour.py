@@ -31,12 +31,6 @@ HIDDEN, INTER = 2048, 768  # qwen3-30b-a3b's expert
 NEIGHBOURS = {"spin": "while True: pass", "yield": "import os\nwhile True: os.sched_yield()"}
 
 
-def on_cpu() -> int:
-    """The CPU this thread last ran on (/proc/thread-self/stat, field 39)."""
-    with open("/proc/thread-self/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[36])
-
-
 def start_neighbour(kind: str, cores: list[int]) -> subprocess.Popen | None:
     if kind == "none":
         return None
@@ -59,7 +53,7 @@ def round_of_calls(pool, fmt, bank, x, count: int, experts: int, calls: int) -> 
         handle.wait()
         times.append(time.perf_counter() - start)
         units += handle.caller_units
-        cpu = on_cpu()
+        cpu = str(cpuinfo.current_cpu())  # "None" where libc cannot say
         where[cpu] = where.get(cpu, 0) + 1
     steady = sorted(times[len(times) // 2 :])
     nbytes = experts * fmt.expert_bytes(HIDDEN, INTER)
@@ -67,7 +61,7 @@ def round_of_calls(pool, fmt, bank, x, count: int, experts: int, calls: int) -> 
         "gbs": round(nbytes / steady[len(steady) // 2] / 1e9, 2),
         "p90_ms": round(steady[int(0.9 * (len(steady) - 1))] * 1e3, 3),
         "caller_units": units,
-        "caller_cpus": {str(k): v for k, v in sorted(where.items())},
+        "caller_cpus": dict(sorted(where.items())),
     }
 
 
@@ -85,11 +79,16 @@ def main() -> int:
     if bad:
         print(f"error: unknown neighbour {bad[0]!r} (none, spin, yield)", file=sys.stderr)
         return 1
+    formats = args.formats.split(",")
+    bad = [f for f in formats if f not in FORMATS or not FORMATS[f].cpu_path]
+    if bad:
+        print(f"error: no CPU pool path for format {bad[0]!r}", file=sys.stderr)
+        return 1
     allowed = cpuinfo.allowed_cores()
     if len(allowed) < 2:
         print("error: one core: the pool leaves the caller no core of its own", file=sys.stderr)
         return 1
-    for name in args.formats.split(","):
+    for name in formats:
         fmt = FORMATS[name]
         count = max(args.store_experts, 2 * args.experts)
         _, bank = fmt.make_store(count, HIDDEN, INTER, pin=False)

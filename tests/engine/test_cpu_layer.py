@@ -563,13 +563,10 @@ def test_a_caller_on_a_workers_core_leaves_the_units_to_that_worker():
 def test_a_caller_left_on_a_workers_core_is_moved_off_it_and_keeps_its_affinity():
     """The scheduler left the unpinned caller beside a worker for whole runs of calls; a wait
     that finds it there moves it to a free core, its own affinity given back."""
-    import ctypes
-
     from ft import cpuinfo
 
     if len(cpuinfo.allowed_cores()) < 2:
         pytest.skip("one core: the caller never helps")
-    current_cpu = ctypes.CDLL(None).sched_getcpu
     bank, (w13, w2) = bank_for("bf16", torch.float32, *SHAPES[2], seed=5)
     x = torch.randn(1, SHAPES[2][0])
     ids, weights = routing(1, 3, seed=5)
@@ -581,7 +578,7 @@ def test_a_caller_left_on_a_workers_core_is_moved_off_it_and_keeps_its_affinity(
                 pass  # on the worker's core, free to leave it
             handle = pool.submit_routed(x, bank, "bf16", ids, weights, list(range(EXPERTS)))
             torch.testing.assert_close(handle.wait(), want, rtol=1e-4, atol=1e-5)
-            assert current_cpu() not in pool.cores
+            assert cpuinfo.current_cpu() not in pool.cores
             assert os.sched_getaffinity(threading.get_native_id()) == before
 
 

@@ -100,3 +100,8 @@ def test_the_neighbour_bench_times_the_call_with_each_neighbour_and_stops_them()
         env=ft_env(),
     )  # fmt: skip
     assert proc.returncode == 1 and "unknown neighbour 'hog'" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, script, "--formats", "bf17"], capture_output=True, text=True,
+        env=ft_env(),
+    )  # fmt: skip
+    assert proc.returncode == 1 and "no CPU pool path for format 'bf17'" in proc.stderr

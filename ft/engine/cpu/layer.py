@@ -185,8 +185,9 @@ class LayerCalls:
         # (beside a worker it would take that worker's time); one waiter at a time, its buffers
         self.caller_helps = own_core
         self._shared_calls, self._shared_next = 0, SHARED_CALLS[0]  # wait()
+        self._pinned = frozenset(worker_cores)  # where the caller does not help
         self._worker_cores = np.zeros(max(worker_cores, default=-1) + 1, np.uint8)
-        self._worker_cores[list(worker_cores)] = 1  # where the caller does not help
+        self._worker_cores[list(self._pinned)] = 1  # the same, as the kernel reads it
         self._help = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         K.compile_all()
@@ -223,8 +224,9 @@ class LayerCalls:
         the wait saw it done, the units this thread ran). A wait in which the scheduler took
         the caller off its core against its will for PREEMPTED_S (a busy thread shares it)
         makes the next ones sleep at once and not help, for SHARED_CALLS."""
-        mark, shared = _core_mark(), self._shared_calls > 0
+        shared = self._shared_calls > 0
         self._shared_calls -= shared
+        mark = None if shared else _core_mark()  # a sleeping wait notes nothing
         if not shared and self.caller_helps and self._help.acquire(blocking=False):
             try:
                 returned, ran, self._scratch = K.help_and_wait(
@@ -262,7 +264,7 @@ class LayerCalls:
         stays there."""
         me = threading.get_native_id()
         allowed = os.sched_getaffinity(me)
-        free = allowed - set(np.flatnonzero(self._worker_cores).tolist())
+        free = allowed - self._pinned
         if free:
             os.sched_setaffinity(me, free)
             os.sched_setaffinity(me, allowed)
