@@ -195,12 +195,14 @@ class _FormatBench:
         return sweep
 
     def overlapped(self) -> tuple[float | None, float | None]:
-        """Copies loop on a side thread while the pool computes; keep what ran in both."""
+        """Copies loop on a side thread while the pool computes; keep what ran in both. The
+        copier sleeps in its waits (SlotGather.fetch_asleep), as no engine thread spins on a
+        copy while the pool computes."""
         stop, warmed, gpu = threading.Event(), threading.Event(), []
 
         def copy_loop() -> None:
             while not stop.is_set():
-                gpu.append(timed(lambda: self.gather.fetch(self._next_experts("gpu"))))
+                gpu.append(self.gather.fetch_asleep(self._next_experts("gpu")))
                 if len(gpu) > self.cfg.warmup:
                     warmed.set()
 

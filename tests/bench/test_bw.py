@@ -81,6 +81,15 @@ def test_gather_and_overlap_logic_on_cpu_slots():
     assert cpu_gbs > 0 and gather_gbs > 0
 
 
+def test_a_copy_timed_on_the_gpu_is_rated_by_that_time():
+    """Beside the pool the copier sleeps in its waits and its copies are timed by events: the
+    host's wake-up after them is not the link's time."""
+    from ft.bench.bw_links import Sample
+
+    assert Sample(10.0, 11.0, 2 * 10**9).gbs == 2.0  # host-timed
+    assert Sample(10.0, 11.0, 2 * 10**9, busy_s=0.5).gbs == 4.0
+
+
 def test_overlap_waits_for_copies_past_their_warm_up():
     """Copies much slower than the pool's whole run still give a figure: the pool is timed only
     once the copier is past its warm-up (on a busy 2-core box it once got no turn at all)."""
