@@ -1,8 +1,8 @@
 """The pool's call timed with another process busy on the caller's free cores.
 
-On a GPU box the pool's caller shares the core its workers leave free with CUDA's spinning
-waits and hybrid's copier; a caller that spins there sees its call done a scheduler tick late.
-This times hybrid's call (one token, `--experts` experts, submit_routed) in rounds with no
+On a GPU box the pool's caller shares the core its workers leave free with any other busy
+thread, such as one in CUDA's default (spinning) wait: beside `ft bench bw`'s copier spinning
+on its copies every call ended a scheduler tick late (4.0 ms; the copier now sleeps). This times hybrid's call (one token, `--experts` experts, submit_routed) in rounds with no
 neighbour, a neighbour that spins (`spin`: a busy loop, as CUDA's default wait) or one that
 yields its core in a loop (`yield`), pinned to the cores no worker is pinned to:
 

@@ -10,9 +10,7 @@ here, because the kernel reads raw addresses and checks no bounds.
 from __future__ import annotations
 
 import os
-import resource
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
@@ -138,34 +136,6 @@ class LayerHandle:
         return CallPhases.of(self.stamps, self.published, self.returned)
 
 
-# A caller that spins (or helps) on a core a busy thread shares (CUDA's spinning waits, hybrid's
-# copier) sees its call done only at its next turn on that core, a scheduler tick later: bf16
-# one token 8 experts took 4.0 ms a call beside the PCIe copies of `ft bench bw` on the H100
-# box (18.9 GB/s in every tree measured), and so on the 2-core Zen 5 box beside a busy
-# process. A sleeping caller is woken by the last worker's futex wake and run first. So after a
-# wait in which it was preempted the caller sleeps at once for the next calls: 16 of them, up
-# to 256 while it is preempted again each time it tries the spin.
-SHARED_CALLS = (16, 256)
-
-
-# off its core this long in a wait, against its will: a busy thread shares the core (a passing
-# kernel thread's tens of us do not count; counting them lost the help on idle cores)
-PREEMPTED_S = 0.0005
-
-
-def _core_mark() -> tuple[int, float, float]:
-    """(this thread's involuntary switches, wall time, its CPU time) now (Linux)."""
-    switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
-    return switches, time.perf_counter(), time.thread_time()
-
-
-def _preempted_since(mark: tuple[int, float, float]) -> bool:
-    """Whether the scheduler took this thread off its core against its will since `mark`, for
-    PREEMPTED_S or more in all."""
-    switches, wall, cpu = _core_mark()
-    return switches > mark[0] and (wall - mark[1]) - (cpu - mark[2]) >= PREEMPTED_S
-
-
 class LayerCalls:
     """The control block the workers wait on, and the plans sent through it."""
 
@@ -180,11 +150,9 @@ class LayerCalls:
         worker_s = spin_s if own_core else min(spin_s, SHORT_SPIN_S)
         self.worker_spin = spin_cycles(worker_s if cores_each else min(spin_s, SHARED_SPIN_S))
         self.caller_spin = spin_cycles(spin_s if own_core else min(spin_s, SHARED_SPIN_S))
-        self._shared_spin = spin_cycles(min(spin_s, SHARED_SPIN_S))
         # The caller computes in wait() what no worker has claimed yet, on its own core only
         # (beside a worker it would take that worker's time); one waiter at a time, its buffers
         self.caller_helps = own_core
-        self._shared_calls, self._shared_next = 0, SHARED_CALLS[0]  # wait()
         self._pinned = frozenset(worker_cores)  # where the caller does not help
         self._worker_cores = np.zeros(max(worker_cores, default=-1) + 1, np.uint8)
         self._worker_cores[list(self._pinned)] = 1  # the same, as the kernel reads it
@@ -221,40 +189,23 @@ class LayerCalls:
     def wait(self, gen: int) -> tuple[int, int]:
         """Blocks until call `gen` is done, helping with it where the caller has a core of its
         own and runs there, on no worker's core (help_and_wait); -> (the time-stamp counter as
-        the wait saw it done, the units this thread ran). A wait in which the scheduler took
-        the caller off its core against its will for PREEMPTED_S (a busy thread shares it)
-        makes the next ones sleep at once and not help, for SHARED_CALLS."""
-        shared = self._shared_calls > 0
-        self._shared_calls -= shared
-        mark = None if shared else _core_mark()  # a sleeping wait notes nothing
-        if not shared and self.caller_helps and self._help.acquire(blocking=False):
+        the wait saw it done, the units this thread ran)."""
+        if self.caller_helps and self._help.acquire(blocking=False):
             try:
                 returned, ran, self._scratch = K.help_and_wait(
                     self.ctrl, gen, self.workers, self._scratch, self.caller_spin,
                     self._worker_cores,
                 )  # fmt: skip
-                if ran < 0:  # it only waited, on a worker's core (the move's switch: not noted)
+                if ran < 0:  # it only waited, on a worker's core
                     self._step_off_the_workers()
+                return returned, max(ran, 0)
             finally:
                 self._help.release()
-        else:
-            spin = self._shared_spin if shared else self.caller_spin
-            returned, ran = K.wait_done(self.ctrl, gen, self.workers, spin), 0
-            if self.caller_helps:  # another thread helps: done once it has left its last unit
-                with self._help:
-                    pass
-        if not shared:
-            self._note_preemption(ran >= 0 and _preempted_since(mark))
-        return returned, max(ran, 0)
-
-    def _note_preemption(self, preempted: bool) -> None:
-        """After a wait that spun: where the caller was preempted, its next SHARED_CALLS waits
-        sleep at once (the count doubling while each try after them is preempted again)."""
-        if preempted:
-            self._shared_calls = self._shared_next
-            self._shared_next = min(2 * self._shared_next, SHARED_CALLS[1])
-        else:
-            self._shared_next = SHARED_CALLS[0]
+        returned = K.wait_done(self.ctrl, gen, self.workers, self.caller_spin)
+        if self.caller_helps:  # another thread helps: done once it has left its last unit
+            with self._help:
+                pass
+        return returned, 0
 
     def _step_off_the_workers(self) -> None:
         """Move this thread to a core no worker is pinned to, then give it back the affinity it
