@@ -2,7 +2,8 @@
 
 On a GPU box the pool's caller shares the core its workers leave free with any other busy
 thread, such as one in CUDA's default (spinning) wait: beside `ft bench bw`'s copier spinning
-on its copies every call ended a scheduler tick late (4.0 ms; the copier now sleeps). This times hybrid's call (one token, `--experts` experts, submit_routed) in rounds with no
+on its copies every call ended a scheduler tick late (4.0 ms; the copier now sleeps). This
+times hybrid's call (one token, `--experts` experts, submit_routed) in rounds with no
 neighbour, a neighbour that spins (`spin`: a busy loop, as CUDA's default wait) or one that
 yields its core in a loop (`yield`), pinned to the cores no worker is pinned to:
 

@@ -106,7 +106,7 @@ class SlotGather:
         """fetch's copies, the thread asleep until they land (a blocking event, not CUDA's
         spinning wait) and timed on the GPU. Beside the pool a copier spinning in its wait held
         the core the pool's caller wakes on: on the H100 box every bf16 call then took one
-        scheduler tick, 4.0 ms (18.9 GB/s, 68-71 with the copier asleep). The engine queues
+        scheduler tick, 4.0 ms (18.9 GB/s; 59.7-70.8 with the copier asleep). The engine queues
         its copies and spins on none of them while the pool computes. Timed on the GPU, as the
         wake-up after a blocking wait (~0.3 ms there) is no part of the link's time."""
         if not self.stream:
