@@ -95,13 +95,11 @@ def test_the_neighbour_bench_times_the_call_with_each_neighbour_and_stops_them()
     assert all(sum(r["caller_cpus"].values()) == 6 for r in rows)  # each call's CPU noted
     assert {p.pid for p in psutil.Process().children(recursive=True)} == before  # none left
     script = str(REPO_ROOT / "scripts" / "bench_caller_neighbour.py")
-    proc = subprocess.run(
-        [sys.executable, script, "--neighbours", "hog"], capture_output=True, text=True,
-        env=ft_env(),
-    )  # fmt: skip
-    assert proc.returncode == 1 and "unknown neighbour 'hog'" in proc.stderr
-    proc = subprocess.run(
-        [sys.executable, script, "--formats", "bf17"], capture_output=True, text=True,
-        env=ft_env(),
-    )  # fmt: skip
-    assert proc.returncode == 1 and "no CPU pool path for format 'bf17'" in proc.stderr
+    for args, message in (
+        (["--neighbours", "hog"], "unknown neighbour 'hog'"),
+        (["--formats", "bf17"], "no CPU pool path for format 'bf17'"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, script, *args], capture_output=True, text=True, env=ft_env()
+        )
+        assert proc.returncode == 1 and message in proc.stderr, args
