@@ -35,6 +35,8 @@ STARTUP = (  # the startup lines that say how the engine resolved itself (docs/e
     "CPU MoE executor ready:",
     "Allocating",
 )
+PORT_TAKEN = "Address already in use"
+PORT_TRIES = 3
 Workload = Callable[[str, Any, dict[str, str]], "float | Skip"]
 
 
@@ -112,7 +114,14 @@ class EngineJudge:
                 return missing
             self._flags_ok.add(commit or "")
         log = worktree.parent / f"{worktree.name}.serve.log"
-        return _launch(command, worktree, env, log, self.opts.start_timeout_s)
+        for _ in range(PORT_TRIES):
+            started = _launch(command, worktree, env, log, self.opts.start_timeout_s)
+            if not (isinstance(started, Skip) and PORT_TAKEN in started.reason):
+                return started
+            # Between our probe closing the port and the server binding it, another worker's
+            # client (or any process) may take it as an ephemeral port: a new port, not a skip.
+            command = self.serve_command(python, _free_port())
+        return started
 
     def _missing_flags(self, command: list[str], worktree: Path, env: dict) -> Skip | None:
         """A commit whose `ft serve` lacks a flag we pass is skipped, not mis-measured."""

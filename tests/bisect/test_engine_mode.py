@@ -115,3 +115,26 @@ def test_a_commit_without_pyproject_is_skipped_with_the_reason(tmp_path):
     wt.mkdir()
     skip = judge.measure(wt, {})
     assert "no pyproject.toml" in skip.reason
+
+
+def test_a_port_taken_before_the_server_binds_it_is_retried_on_another(tmp_path, monkeypatch):
+    import os
+    import socket
+
+    from ft.bisect import engine_judge
+
+    env = {**os.environ, "FAKE_STARTS": str(tmp_path / "starts.txt")}
+    base = {"pyproject.toml": PYPROJECT, "flags.txt": FLAGS, "ft/__init__.py": ""}
+    p = make_project(tmp_path, step(2, 1, 50.0, 30.0), {0: {**base, "ft/__main__.py": FAKE_FT}})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1], engine_judge._free_port()])
+        monkeypatch.setattr(engine_judge, "_free_port", lambda: next(ports))
+        judge = EngineJudge(EngineOptions(start_timeout_s=30), tmp_path / "envs", fake_workload())
+        try:
+            value = judge.measure(p.repo, env)
+        finally:
+            judge.release(p.repo)
+    assert isinstance(value, float), value
+    assert len((tmp_path / "starts.txt").read_text().split()) == 2  # the taken port, then one more
