@@ -36,6 +36,7 @@ import psutil
 from ft.bench import decode
 from ft.bench.roofline import bandwidths
 from ft.engine.config import EngineConfig
+from ft.engine.strategies.hybrid import ROUND_TRIP
 
 KEYS = (
     "cache_misses",
@@ -44,6 +45,8 @@ KEYS = (
     "prefetch_hits",
     "experts_in_place",
     "experts_cpu",
+    "cpu_layers",  # hybrid: its decode layers with CPU experts, and their round trip's parts
+    *(f"cpu_{part}_us" for part in ROUND_TRIP),
 )
 
 

@@ -21,12 +21,13 @@ import torch
 from ft import __version__, cpuinfo
 from ft.bench.roofline import Bandwidths, StepBytes, bandwidths, roofline
 from ft.engine.config import STRATEGIES, EngineConfig, torch_dtype
+from ft.engine.strategies.hybrid import ROUND_TRIP
 from ft.errors import FtError
 
 COUNTERS = (
     "cache_hits", "cache_misses", "experts_fetched", "bytes_fetched", "experts_cpu",
     "experts_cpu_inline", "expert_uses", "experts_prefetched", "prefetch_hits",
-    "experts_in_place",
+    "experts_in_place", "cpu_layers", *(f"cpu_{part}_us" for part in ROUND_TRIP),
 )  # fmt: skip
 PEERS = ("accelerate",)
 Progress = Callable[[str, int], None]  # (what is running, steps done) for a progress bar

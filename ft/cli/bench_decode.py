@@ -115,8 +115,26 @@ def render(report: dict, console: Console) -> None:
         + (f"  note: {bw['note']}" if bw.get("note") else "")
     )
     for r in report["results"]:
+        label, step = f"{r['strategy']} b{r['batch']}", r.get("per_step") or {}
+        if step.get("cpu_layers"):
+            console.print(round_trip_line(label, step))
         if (r.get("trace") or {}).get("timeline"):
-            console.print(timeline_line(f"{r['strategy']} b{r['batch']}", r["trace"]["timeline"]))
+            console.print(timeline_line(label, r["trace"]["timeline"]))
+
+
+def round_trip_line(label: str, step: dict) -> str:
+    """Hybrid's decode layers with CPU experts (per_step's cpu_layers, cpu_<part>_us): the
+    host's time in each part of one such layer's round trip, while its device work waits."""
+    from ft.engine.strategies.hybrid import ROUND_TRIP
+
+    layers = step["cpu_layers"]
+    us = {part: step[f"cpu_{part}_us"] / layers for part in ROUND_TRIP}
+    parts = ", ".join(f"{part} {value:.0f}" for part, value in us.items())
+    total = sum(us.values())
+    return (
+        f"cpu layers {label}: {layers:.1f} a step, {step['experts_cpu'] / layers:.1f} experts "
+        f"each; {total:.0f} us each on the host ({parts}), {layers * total / 1000:.2f} ms a step"
+    )
 
 
 def timeline_line(label: str, t: dict) -> str:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import statistics
 
 import pytest
 from typer.testing import CliRunner
@@ -108,3 +110,28 @@ def test_trace_writes_a_chrome_trace_and_an_op_table(model, tmp_path):
     assert json.loads(open(trace["trace"]).read())["traceEvents"]
     assert "aten::" in open(trace["ops"]).read()
     assert trace["timeline"] is None  # the device timeline is CUDA-only
+
+
+@pytest.mark.timeout(300)
+def test_hybrid_reports_what_a_cpu_layer_costs_the_host(model):
+    from rich.console import Console
+
+    from ft.cli.bench_decode import render, round_trip_line
+    from ft.engine.strategies.hybrid import ROUND_TRIP
+
+    report = bench(
+        "--model", str(model), "--strategies", "hybrid", "--batch", "1", "--tokens", "4",
+        "--warmup", "1", "--moe-cache-rate", "0.25", "--profile", str(SEED_PROFILE),
+    )  # fmt: skip
+    (row,) = report["results"]
+    step = row["per_step"]
+    assert 0 < step["cpu_layers"] <= step["experts_cpu"]  # the seed profile fetches 27.8%
+    host_us = sum(step[f"cpu_{part}_us"] for part in ROUND_TRIP)
+    assert 0 < host_us <= 1e3 * statistics.fmean(row["step_ms"])  # within the step
+    console = Console(record=True, width=300)
+    render(report, console)
+    line = round_trip_line("hybrid b1", step)
+    assert line in console.export_text().splitlines()
+    assert line.startswith(f"cpu layers hybrid b1: {step['cpu_layers']:.1f} a step, ")
+    parts = re.search(r"on the host \((.*)\)", line).group(1).split(", ")
+    assert [p.split()[0] for p in parts] == list(ROUND_TRIP)

@@ -12,7 +12,7 @@ import torch
 from ft.engine.config import EngineConfig
 from ft.engine.cpu.pool import THREAD_PREFIX
 from ft.engine.runner import LLMEngine, SamplingParams
-from ft.engine.strategies.hybrid import split_misses
+from ft.engine.strategies.hybrid import ROUND_TRIP, RoundTrip, split_misses
 from tests.engine.test_runner import PROMPTS, run_all
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -62,6 +62,16 @@ def test_split_zero_and_one():
     assert split_misses([], [], 0.5, 4) == ([], [])
     with pytest.raises(ValueError):
         split_misses([1, 2], [1], 0.5, 4)
+
+
+def test_a_round_trip_sums_each_part_over_the_layers():
+    trip = RoundTrip()
+    trip.add([0.0, 1e-6, 3e-6, 6e-6, 10e-6, 15e-6])  # parts of 1, 2, 3, 4, 5 us
+    trip.add([1.0, 1.0, 1.0 + 2e-6, 1.0 + 2e-6, 1.0 + 2e-6, 1.0 + 3e-6])
+    assert trip.counters() == {"cpu_layers": 2, "cpu_inputs_us": 1, "cpu_submit_us": 4,
+                               "cpu_cache_us": 3, "cpu_wait_us": 4, "cpu_share_us": 6}  # fmt: skip
+    with pytest.raises(ValueError, match="6 stamps, got 5"):
+        trip.add([0.0] * 5)
 
 
 # -- the engine -----------------------------------------------------------------------------------
@@ -127,6 +137,33 @@ def test_hybrid_on_gates_equals_resident(synth_tiny, resident_ids, max_fetch, sl
     else:
         assert 0 < stats.experts_cpu <= stats.cache_misses
         assert all(name.startswith(THREAD_PREFIX) for name in strategy.cpu_threads)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("gates", [False, True])
+def test_each_decode_layer_with_cpu_experts_times_its_round_trip(synth_tiny, gates):
+    """Host stops and gates alike: a decode step's cpu_layers is at least one and at most its
+    CPU experts wherever it had some, zero where it had none, and each part is timed within
+    the step."""
+    engine = hybrid(synth_tiny[0], 0.3, moe_gates=gates)  # 4 slots: one token's pairs fit
+    steps = []
+    try:
+        for prompt in PROMPTS[:2]:  # one sequence at a time: every decode layer takes the stop
+            engine.add_request(prompt, GREEDY)
+            while engine.has_unfinished():
+                engine.step()
+                steps.append(engine.last_step)
+    finally:
+        engine.close()
+    parts = [f"cpu_{part}_us" for part in ROUND_TRIP]
+    decode = [s for s in steps if s["phase"] == "decode"]
+    assert sum(s["experts_cpu"] > 0 for s in decode) > 0  # the test needs CPU experts
+    for s in decode:
+        assert (s["cpu_layers"] > 0) == (s["experts_cpu"] > 0)
+        assert s["cpu_layers"] <= s["experts_cpu"]
+        assert all(s[p] >= 0 for p in parts) and sum(s[p] for p in parts) <= s["seconds"] * 1e6
+    timed = [s for s in decode if s["cpu_layers"]]
+    assert sum(s["cpu_wait_us"] + s["cpu_submit_us"] for s in timed) > 0
 
 
 @pytest.mark.timeout(120)

@@ -13,12 +13,16 @@ fetch the device's experts into slots (copies on their own stream, as offload) -
 CPU's result and copy it to a device buffer. `compute` (no host sync, so graphed decode replays
 it) runs the hits and fetched experts from their slots (the CPU's experts have none: skipped)
 and adds that buffer. Prefill groups on the host, with the same split.
+
+Both count, per decode layer with CPU experts, the host's time in each part of that layer's
+round trip (ROUND_TRIP, RoundTrip): what `ft bench decode` reports as what a CPU layer costs.
 Legend: T = tokens, D = hidden, K = experts per token.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,6 +76,36 @@ def split_misses(
     return fetch, cpu
 
 
+# The parts of a decode layer's round trip to the CPU pool, in the order the host runs them: its
+# input back to the host, the pool's call published, the device side's work queued while the
+# pool computes (the cache's bookkeeping, the other misses' copies), the wait for the pool after
+# that, and its sum handed to the device (on gates: the gate opened). While the host runs them
+# the layer's device work waits (on gates at the layer's gate), so their sum bounds what a CPU
+# expert can save over its copy.
+ROUND_TRIP = ("inputs", "submit", "cache", "wait", "share")
+
+
+class RoundTrip:
+    """The host's time in each part of ROUND_TRIP, summed over the CPU layers so far."""
+
+    def __init__(self) -> None:
+        self.layers = 0
+        self.seconds = dict.fromkeys(ROUND_TRIP, 0.0)
+
+    def add(self, stamps: Sequence[float]) -> None:
+        """One layer's perf_counter stamps: as it starts, then as each part ends."""
+        if len(stamps) != len(ROUND_TRIP) + 1:
+            raise ValueError(f"RoundTrip.add: {len(ROUND_TRIP) + 1} stamps, got {len(stamps)}")
+        self.layers += 1
+        for part, start, end in zip(ROUND_TRIP, stamps[:-1], stamps[1:], strict=True):
+            self.seconds[part] += end - start
+
+    def counters(self) -> dict[str, int]:
+        """cpu_layers and cpu_<part>_us: totals, so a step's are the difference (runner)."""
+        parts = {f"cpu_{part}_us": round(s * 1e6) for part, s in self.seconds.items()}
+        return {"cpu_layers": self.layers, **parts}
+
+
 class CpuPoolSide:
     """What both hybrids share: the pinned pool, the split of a layer's misses between PCIe
     and the CPU, the CPU's jobs, and the counters and cleanup of the pool."""
@@ -83,6 +117,7 @@ class CpuPoolSide:
         self.cpu_max_tokens = cpu_max_tokens
         self.experts_cpu_total = 0  # misses handed to the CPU (in the pool or inline)
         self.cpu_threads: set[str] = set()  # names of the threads that ran the CPU's experts
+        self.round_trip = RoundTrip()  # decode layers with CPU experts: the host's time in each
         self._torch_threads_before = torch_threads_before
 
     def _forward_grouped(self, layer, x, topk_ids, topk_weights) -> torch.Tensor:
@@ -168,26 +203,38 @@ class HybridStrategy(CpuPoolSide, OffloadStrategy):
 
     def prepare(self, layer: int, topk_ids: list[list[int]], x, topk_weights) -> None:
         routed, cpu = self._route(layer, topk_ids)  # ensure fetches the other misses
-        handle = None
-        if cpu:  # the pool starts first; the ids [T, K] are on the host already
-            handle = self._submit_cpu(layer, x, torch.tensor(topk_ids), topk_weights, cpu)
+        if not cpu:
+            self.cache.ensure(layer, routed)
+            self._clear_share()
+            return
+        stamps = [time.perf_counter()]  # ROUND_TRIP's parts, each stamped as it ends
+        x_host, weights = x.to("cpu"), topk_weights.to("cpu")  # the ids are on the host already
+        stamps.append(time.perf_counter())
+        handle = self._submit_cpu(layer, x_host, torch.tensor(topk_ids), weights, cpu)
+        stamps.append(time.perf_counter())  # the pool starts before the copies are queued
         on_cpu = set(cpu)
         # hits + fetches; the CPU's experts are in no slot: -1 in the table, compute skips them
         self.cache.ensure(layer, [e for e in routed if e not in on_cpu])
-        self._hand_over(handle, len(topk_ids))
-
-    def _hand_over(self, handle: CpuMoeHandle | None, tokens: int) -> None:
-        """The CPU's share [T, D] into the device buffer `compute` adds (zeros if none); the
-        host waits for the pool here, while the fetches cross PCIe."""
-        share = self._cpu_share[:tokens]
-        if handle is None:
-            if self._share_rows:  # a launch per stop only where the last one left a share
-                self._cpu_share[: self._share_rows].zero_()
-                self._share_rows = 0
-            return
-        self._share_rows = max(self._share_rows, tokens)
-        result = handle.wait()
+        stamps.append(time.perf_counter())
+        result = handle.wait()  # while the fetches cross PCIe
         self.cpu_threads |= handle.ran_on
+        stamps.append(time.perf_counter())
+        self._hand_over(result)
+        stamps.append(time.perf_counter())
+        self.round_trip.add(stamps)
+
+    def _clear_share(self) -> None:
+        """Zeros where `compute` adds the CPU's share: a launch only where the last stop left
+        one."""
+        if self._share_rows:
+            self._cpu_share[: self._share_rows].zero_()
+            self._share_rows = 0
+
+    def _hand_over(self, result: torch.Tensor) -> None:
+        """The CPU's share [T, D] into the device buffer `compute` adds."""
+        tokens = result.shape[0]
+        share = self._cpu_share[:tokens]
+        self._share_rows = max(self._share_rows, tokens)
         if share.device.type == "cpu":
             share.copy_(result)
             return
@@ -209,6 +256,7 @@ class HybridStrategy(CpuPoolSide, OffloadStrategy):
             experts_to_cpu=self.experts_cpu_total, experts_cpu=pool.experts_in_pool,
             experts_cpu_inline=pool.experts_inline, expert_uses=self.expert_uses,
             experts_prefetched=c.prefetched, prefetch_hits=c.prefetch_hits,
+            **self.round_trip.counters(),
         )  # fmt: skip
 
 
@@ -248,16 +296,24 @@ class GatedHybridStrategy(CpuPoolSide, GatedOffloadStrategy):
         """As offload's on gates; a layer with misses for the CPU needs `inputs` (its x and
         weights, [T, D] and [T, K], where the device holds them until the gate opens)."""
         experts, cpu = self._route(layer, topk_ids)
-        handle = None
-        if cpu:  # the pool starts before the copies and guesses are queued
-            x, weights = self._inputs_on_host(inputs, len(topk_ids))
-            handle = self._submit_cpu(layer, x, torch.tensor(topk_ids), weights, cpu)
+        if not cpu:
+            self.cache.follow(layer, experts, flat_guesses(guesses))
+            return
+        # the GPU waits at the gate throughout; ROUND_TRIP's parts, each stamped as it ends
+        stamps = [time.perf_counter()]
+        x, weights = self._inputs_on_host(inputs, len(topk_ids))
+        stamps.append(time.perf_counter())
+        handle = self._submit_cpu(layer, x, torch.tensor(topk_ids), weights, cpu)
+        stamps.append(time.perf_counter())  # the pool starts before the copies and guesses
         self.cache.follow(layer, experts, flat_guesses(guesses), on_cpu=cpu)
-        if handle is not None:  # the GPU waits at the gate meanwhile
-            result = handle.wait()
-            self.cpu_threads |= handle.ran_on
-            self._share[layer, : result.shape[0]].copy_(result)
-            self.cache.open(layer, CPU_SHARE)
+        stamps.append(time.perf_counter())
+        result = handle.wait()
+        self.cpu_threads |= handle.ran_on
+        stamps.append(time.perf_counter())
+        self._share[layer, : result.shape[0]].copy_(result)
+        self.cache.open(layer, CPU_SHARE)
+        stamps.append(time.perf_counter())
+        self.round_trip.add(stamps)
 
     def _inputs_on_host(self, inputs, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cut's x [T, D] and weights [T, K] on the host. On CUDA on a side stream with no
@@ -296,6 +352,7 @@ class GatedHybridStrategy(CpuPoolSide, GatedOffloadStrategy):
         counts, pool = GatedOffloadStrategy.counters(self), self.pool.stats
         counts.update(experts_to_cpu=self.experts_cpu_total, experts_cpu=pool.experts_in_pool,
                       experts_cpu_inline=pool.experts_inline)  # fmt: skip
+        counts.update(self.round_trip.counters())
         return counts
 
 
