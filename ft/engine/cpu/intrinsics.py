@@ -94,6 +94,21 @@ def address(typingctx, addr):
 
 
 @intrinsic
+def prefetch(typingctx, addr):
+    """Ask for the cache line at int64 address `addr` (prefetcht0): a hint, it never faults."""
+
+    def codegen(context, builder, signature, args):
+        ptr = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [ptr.type], fnty)
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(types.int64), codegen
+
+
+@intrinsic
 def f32_of_bits(typingctx, bits):
     """The float32 whose bits are `bits` (uint32): decodes vectorise without a buffer."""
 
