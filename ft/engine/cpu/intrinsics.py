@@ -1,7 +1,7 @@
 """LLVM instructions that numba lacks, as numba intrinsics (llvmlite) for the pool's layer
-kernel: atomics on an int64 array, x86's spin hint and time-stamp counter, raw addresses as
-pointers, float32 bit casts and the e4m3 decode in 32-bit lanes, the futex system call, an int8
-dot in integer lanes, and a bf16 dot (vdpbf16ps).
+kernel: atomics on an int64 array, x86's spin hint and time-stamp counter, a cache prefetch
+hint, raw addresses as pointers, float32 bit casts and the e4m3 decode in 32-bit lanes, the
+futex system call, an int8 dot in integer lanes, and a bf16 dot (vdpbf16ps).
 
 Linux x86-64 only, as the pool's pinning already assumes.
 """

@@ -677,8 +677,8 @@ SHORT_RUN = 32
 def _asks_next_run(fmt, rows2):
     """Whether phase 2 asks for the next expert's rows as it dots this one's (run_call): for
     the quantised formats always, for bf16 and float32 (read at the memory's rate once
-    streaming) only on short runs. 2-core Zen 5, one worker + the caller, k=8, alternated three
-    times, phase 2 us: with the 15-thread boxes' runs of 16 rows (units cut as for 8x the
+    streaming) only on short runs. 2-core Zen 5, one worker + the caller, k=8, alternated two
+    to four times, phase 2 us: with the 15-thread boxes' runs of 16 rows (units cut as for 8x the
     threads) int8 T=4 1015-1094 -> 544-562, fp8_block T=4 838 -> 491-542, bf16 T=4 774-1018 ->
     598-672, nvfp4 T=1 406-457 -> 352-357; on its own runs of 128 rows int8 T=4 481-550 ->
     414-442, fp8_block T=4 508-570 -> 400-417, nvfp4 T=1 344-409 -> 269-312, but bf16 T=1
