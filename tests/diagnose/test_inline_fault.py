@@ -15,10 +15,12 @@ def _diagnose(tmp_path, name: str, *extra: str) -> tuple[dict, str]:
     from ft.demo.prepare import demo_model
 
     model = demo_model(lambda *a, **k: None)  # experts big enough for the CPU work to show
+    # 256 tokens: ~50 stack samples of the engine thread. At 96 (~20 samples, ~1.4 s) the
+    # inline frames were in 1-5 of them, and in none in about one run of twelve
     out = tmp_path / name
     proc = run_ft(
         "diagnose", "--strategy", "hybrid", "--model", str(model), "--prompts", "4",
-        "--max-tokens", "96", "--interval", "0.05", "--stack-source", "agent", "--out", str(out),
+        "--max-tokens", "256", "--interval", "0.05", "--stack-source", "agent", "--out", str(out),
         "--moe-hybrid-max-fetch", "0", "--moe-cache-size", "8", "--dtype", "bfloat16",
         *extra, timeout=280,
     )  # fmt: skip
